@@ -1,0 +1,173 @@
+"""Softmax attention: Transformer (Vaswani et al. 2017) and Transformer++ (Touvron et al. 2023).
+
+Switches (paper section 4 ablations): position encoding ``none | absolute | rope | alibi``
+(ALiBi: Press et al. 2022), sliding ``window`` (0 = full causal), score source ``qk`` or
+``random_constant`` (Synthesizer-random, Tay et al. 2021: a trainable input-independent T x T
+score table per head), and a softmax ``temperature`` (scores are divided by it).
+
+``impl = "ref"`` builds the full score matrix in fp32 (the oracle); ``"fast"``/``"chunked"``/
+``"auto"`` use ``F.scaled_dot_product_attention``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from pydantic import Field, model_validator
+from torch import nn
+
+from .base import Impl, Mixer, MixerConfig, State
+
+
+class AttentionConfig(MixerConfig):
+    name: Literal["attention"] = "attention"
+    head_dim: int = Field(64, gt=0)
+    n_heads: int | None = Field(None, gt=0, description="default: d_model // head_dim")
+    position: Literal["none", "absolute", "rope", "alibi"] = "rope"
+    rope_theta: float = Field(10000.0, gt=0)
+    window: int = Field(0, ge=0, description="0 = full causal attention; W > 0 = each query sees its last W keys")
+    score: Literal["qk", "random_constant"] = "qk"
+    temperature: float = Field(1.0, gt=0)
+    impl: Impl = "auto"
+
+    @model_validator(mode="after")
+    def _check(self):
+        if self.score == "random_constant" and self.position in ("rope", "alibi"):
+            raise ValueError("score='random_constant' ignores q.k, so position must be 'none' or 'absolute'")
+        return self
+
+    def wants_absolute_positions(self) -> bool:
+        return self.position == "absolute"
+
+
+def rope_tables(positions: torch.Tensor, dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    inv = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float32, device=positions.device) / dim))
+    ang = positions.float()[:, None] * inv[None, :]  # [T, D/2]
+    ang = torch.cat([ang, ang], dim=-1)
+    return ang.cos(), ang.sin()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    # x [B, H, T, D]; rotate-half convention
+    x1, x2 = x.chunk(2, dim=-1)
+    rot = torch.cat([-x2, x1], dim=-1)
+    return (x * cos.to(x.dtype) + rot * sin.to(x.dtype))
+
+
+def alibi_slopes(n_heads: int) -> torch.Tensor:
+    def pow2(n):
+        start = 2 ** (-(2 ** -(math.log2(n) - 3)))
+        return [start * start**i for i in range(n)]
+
+    if math.log2(n_heads).is_integer():
+        s = pow2(n_heads)
+    else:
+        m = 2 ** math.floor(math.log2(n_heads))
+        s = pow2(m) + pow2(2 * m)[0::2][: n_heads - m]
+    return torch.tensor(s, dtype=torch.float32)
+
+
+class Attention(Mixer):
+    config_class = AttentionConfig
+    impls = ("ref", "fast")
+    test_variants = [
+        {"head_dim": 8},
+        {"head_dim": 8, "position": "absolute"},
+        {"head_dim": 8, "position": "none", "temperature": 0.5},
+        {"head_dim": 8, "position": "alibi"},
+        {"head_dim": 8, "window": 5},
+        {"head_dim": 8, "position": "none", "score": "random_constant"},
+    ]
+
+    def __init__(self, d_model: int, cfg: AttentionConfig, layer_idx: int = 0, max_seq_len: int = 2048):
+        super().__init__(d_model, cfg, layer_idx, max_seq_len)
+        self.n_heads = cfg.n_heads or max(1, d_model // cfg.head_dim)
+        self.head_dim = cfg.head_dim
+        inner = self.n_heads * self.head_dim
+        self.q_proj = nn.Linear(d_model, inner, bias=False)
+        self.k_proj = nn.Linear(d_model, inner, bias=False)
+        self.v_proj = nn.Linear(d_model, inner, bias=False)
+        self.o_proj = nn.Linear(inner, d_model, bias=False)
+        if cfg.score == "random_constant":
+            self.score_table = nn.Parameter(torch.randn(self.n_heads, max_seq_len, max_seq_len) * 0.02)
+        if cfg.position == "alibi":
+            self.register_buffer("slopes", alibi_slopes(self.n_heads), persistent=False)
+
+    # ---- helpers -------------------------------------------------------------------------
+    def _qkv(self, x: torch.Tensor, offset: int):
+        B, T, _ = x.shape
+        q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)  # [B, H, T, D]
+        k = self.k_proj(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)
+        if self.cfg.position == "rope":
+            cos, sin = rope_tables(torch.arange(offset, offset + T, device=x.device), self.head_dim, self.cfg.rope_theta)
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        return q, k, v
+
+    def _bias(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor | None:
+        """Additive score bias [H or 1, Tq, Tk] (mask, ALiBi, random table); None = plain causal."""
+        cfg = self.cfg
+        rel = q_pos[:, None] - k_pos[None, :]  # [Tq, Tk]
+        visible = rel >= 0
+        if cfg.window:
+            visible = visible & (rel < cfg.window)
+        bias = torch.zeros(rel.shape, device=q_pos.device).masked_fill(~visible, float("-inf"))[None]
+        if cfg.position == "alibi":
+            bias = bias - self.slopes[:, None, None] * rel.clamp(min=0)[None].float() / cfg.temperature
+        return bias
+
+    def _attend(self, q, k, v, q_pos, k_pos) -> torch.Tensor:
+        cfg = self.cfg
+        scale = 1.0 / (math.sqrt(self.head_dim) * cfg.temperature)
+        if cfg.score == "random_constant":
+            if int(q_pos[-1]) >= self.max_seq_len:
+                raise ValueError(f"random_constant scores are defined up to max_seq_len={self.max_seq_len}")
+            s = self.score_table[:, q_pos][:, :, k_pos] / cfg.temperature  # [H, Tq, Tk]
+            s = s[None] + self._bias(q_pos, k_pos)
+            return torch.softmax(s.float(), dim=-1).to(v.dtype) @ v
+        plain_causal = cfg.position != "alibi" and not cfg.window and q.shape[2] == k.shape[2]
+        if cfg.impl == "ref":
+            s = (q.float() @ k.float().transpose(-1, -2)) * scale + self._bias(q_pos, k_pos)
+            return (torch.softmax(s, dim=-1) @ v.float()).to(v.dtype)
+        if plain_causal:
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=self._bias(q_pos, k_pos).to(q.dtype), scale=scale)
+
+    # ---- contract --------------------------------------------------------------------------
+    def forward(self, x: torch.Tensor, state: State | None = None):
+        B, T, _ = x.shape
+        offset = 0 if state is None else int(state["pos"])
+        q, k, v = self._qkv(x, offset)
+        new_state = None
+        if state is not None:
+            k_all = torch.cat([state["k"], k], dim=2)
+            v_all = torch.cat([state["v"], v], dim=2)
+            start = int(state["start"])  # absolute position of the first cached key
+        else:
+            k_all, v_all, start = k, v, 0
+        q_pos = torch.arange(offset, offset + T, device=x.device)
+        k_pos = torch.arange(start, start + k_all.shape[2], device=x.device)
+        y = self._attend(q, k_all, v_all, q_pos, k_pos)
+        if state is not None:
+            if self.cfg.window and k_all.shape[2] > self.cfg.window:
+                drop = k_all.shape[2] - self.cfg.window
+                k_all, v_all, start = k_all[:, :, drop:], v_all[:, :, drop:], start + drop
+            new_state = {"k": k_all, "v": v_all, "pos": offset + T, "start": start}
+        y = y.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim)
+        return self.o_proj(y), new_state
+
+    def init_state(self, batch: int, device="cpu", dtype=torch.float32) -> State:
+        empty = torch.zeros(batch, self.n_heads, 0, self.head_dim, device=device, dtype=dtype)
+        return {"k": empty, "v": empty.clone(), "pos": 0, "start": 0}
+
+    def state_size(self, seq_len: int) -> int:
+        kept = min(seq_len, self.cfg.window) if self.cfg.window else seq_len
+        return 2 * self.n_heads * self.head_dim * kept * 4
+
+    def flops_per_token(self, seq_len: int) -> float:
+        # q.k and p.v: 2 matmuls x 2 flops x H*D per visible key; a causal query sees (T+1)/2 keys on average
+        avg_ctx = (seq_len + 1) / 2 if not self.cfg.window else min(self.cfg.window, (seq_len + 1) / 2)
+        return 4 * self.n_heads * self.head_dim * avg_ctx
