@@ -1,0 +1,1 @@
+"""Pure-PyTorch kernels shared by mixers (scans, chunked delta rule, short convolutions...)."""
