@@ -1,0 +1,172 @@
+"""The ``basecap`` command line: a thin layer over the Python API (basecap.data, basecap.train,
+basecap.eval, basecap.report, basecap.experiment)."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+from pathlib import Path
+
+from .config_base import ConfigError
+
+BENCHES = {
+    "train": "trainer tokens/s against a minimal plain PyTorch loop of the same model",
+    "mixers": "forward+backward and decode speed of every mixer against sequence length",
+    "selection": "Top-1 selection attention against causal SDPA at long context",
+}
+
+EPILOG = """examples:
+  basecap run experiments/quickstart.toml            build data, train every run, evaluate, report
+  basecap run experiments/quickstart.toml --set train.steps=50
+  basecap data build                                 build the default corpus (cached)
+  basecap train experiments/quickstart.toml --run transformer_pp
+  basecap eval runs/quickstart/transformer_pp-s0     test-split loss and bits/byte per domain
+  basecap report runs/quickstart/*-s0 --out my_report
+"""
+
+
+def _cmd_data(args):
+    from .data import build_corpus, load_recipe, summarize
+
+    if args.action != "build":
+        raise ConfigError(f"unknown data action {args.action!r}; allowed: build")
+    corpus = build_corpus(load_recipe(args.recipe))
+    print(summarize(corpus))
+    print(f"corpus: {corpus.dir}")
+
+
+def _selected(exp, only):
+    runs = exp.resolve()
+    if only:
+        names = {r.name for r in runs}
+        bad = [o for o in only if o not in names]
+        if bad:
+            raise ConfigError(f"--run: unknown run(s) {bad}; the experiment has: {', '.join(sorted(names))}")
+        runs = [r for r in runs if r.name in only]
+    return runs
+
+
+def _cmd_train(args):
+    from .config import load_experiment
+    from .experiment import prepare_corpus
+    from .train import train
+
+    exp = load_experiment(args.experiment, args.set)
+    runs = _selected(exp, args.run)
+    corpus = prepare_corpus(runs)
+    for rc in runs:
+        final = train(rc, exp.output_dir() / rc.run_id, corpus=corpus)
+        print(f"{rc.run_id}: in-domain loss {final['in_domain_loss']:.4f}; " +
+              ", ".join(f"{d} {v['loss']:.3f} ({v['bpb']:.3f} bpb)" for d, v in final["domains"].items()))
+
+
+def _cmd_eval(args):
+    from .eval.final import evaluate_run
+
+    res = evaluate_run(args.run_dir, split=args.split, max_tokens=args.max_tokens)
+    print(f"{res['run_id']} ({res['checkpoint']}, {res['split']} split)")
+    print(f"{'domain':<14}{'loss':>9}{'bpb':>9}{'tokens':>10}")
+    for d, v in res["domains"].items():
+        tag = "" if d in res["in_domain"] else "  (OOD)"
+        print(f"{d:<14}{v['loss']:>9.4f}{v['bpb']:>9.4f}{v['tokens']:>10}{tag}")
+    print(f"written: {Path(args.run_dir) / 'eval.json'}")
+
+
+def _cmd_report(args):
+    from .report import report
+
+    out = args.out or (Path(args.run_dirs[0]).parent / "report")
+    path = report(args.run_dirs, out, reference=args.reference, smooth=args.smooth)
+    print(path.read_text().split("## Figures")[0].rstrip())
+    print(f"report: {path.parent / 'report.html'} (and report.md)")
+
+
+def _cmd_run(args):
+    from .experiment import run_experiment
+
+    run_experiment(args.experiment, args.set)
+
+
+def _cmd_bench(args):
+    mod = importlib.import_module(f"basecap.bench.{args.name}")
+    mod.main(args.args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="basecap", description="Pre-train language models of many architectures on limited domains, "
+                                "test them out of distribution, compare. Every command is also a Python call.",
+                                epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    d = sub.add_parser("data", help="build a corpus (domains, splits, tokenizer, token shards) into the data home",
+                       description="Build a corpus from a recipe: real text per domain, de-duplicated, split by document hash, "
+                       "tokenised. Cached in $BASECAP_HOME; a second build with the same inputs does nothing.")
+    d.add_argument("action", choices=["build"], help="what to do")
+    d.add_argument("recipe", nargs="?", default="default", help="built-in recipe name or path to a recipe TOML (default: default)")
+    d.set_defaults(fn=_cmd_data)
+
+    def experiment_args(sp):
+        sp.add_argument("experiment", help="experiment TOML file (e.g. experiments/quickstart.toml)")
+        sp.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a config value, validated like the file (e.g. --set train.steps=100); repeatable")
+
+    t = sub.add_parser("train", help="train the runs of an experiment (resumes interrupted runs)",
+                       description="Train every run of an experiment, or only those named with --run. Finished runs are skipped; "
+                       "an interrupted run resumes from its last good checkpoint and continues with the same loss sequence.")
+    experiment_args(t)
+    t.add_argument("--run", action="append", default=[], metavar="NAME", help="only this run (repeatable)")
+    t.set_defaults(fn=_cmd_train)
+
+    e = sub.add_parser("eval", help="evaluate a trained run: loss and bits per byte on every domain",
+                       description="Evaluate the newest good checkpoint of RUN_DIR on the held-out split of every domain; "
+                       "writes RUN_DIR/eval.json.")
+    e.add_argument("run_dir")
+    e.add_argument("--split", choices=["validation", "test"], default="test")
+    e.add_argument("--max-tokens", type=int, default=None, help="tokens per domain (default: the run's eval.max_tokens)")
+    e.set_defaults(fn=_cmd_eval)
+
+    r = sub.add_parser("report", help="tables and plots from run directories (report.md, report.html, PNGs)",
+                       description="Write report.md, a self-contained report.html and PNG plots: training curves, in-domain vs "
+                       "OOD loss over training, final losses and bits per byte, and each run's OOD gap to a reference run at "
+                       "matched in-domain loss.")
+    r.add_argument("run_dirs", nargs="+")
+    r.add_argument("--out", default=None, help="output folder (default: <parent of first run>/report)")
+    r.add_argument("--reference", default=None, help="run name to compare against (default: the first run)")
+    r.add_argument("--smooth", type=int, default=1, help="moving average over this many evaluations before matching")
+    r.set_defaults(fn=_cmd_report)
+
+    u = sub.add_parser("run", help="the whole experiment: build data if needed, train, evaluate, report",
+                       description="Build the corpus if needed, train every run (skipping finished ones, resuming interrupted "
+                       "ones), evaluate each on the test split, and write the report.")
+    experiment_args(u)
+    u.set_defaults(fn=_cmd_run)
+
+    b = sub.add_parser("bench", help="speed benchmarks (print a table, write JSON and a plot)",
+                       description="Benchmarks: " + "; ".join(f"{k}: {v}" for k, v in BENCHES.items()) + ". "
+                       "Pass --help after the name for its options.")
+    b.add_argument("name", choices=sorted(BENCHES))
+    b.add_argument("args", nargs=argparse.REMAINDER, help="options of that benchmark")
+    b.set_defaults(fn=_cmd_bench)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        args.fn(args)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except FileNotFoundError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted; finished steps are checkpointed, rerun the same command to resume", file=sys.stderr)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

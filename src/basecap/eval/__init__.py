@@ -1,0 +1,1 @@
+"""Evaluation: out-of-distribution loss and bits per byte per domain, and the task suites."""

@@ -1,0 +1,57 @@
+"""Run a declarative experiment end to end: build the corpus if needed, train every run (finished
+runs are skipped, interrupted ones resume), evaluate each on the test split, write the report."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from .config import ExperimentConfig, RunConfig, load_experiment
+from .config_base import ConfigError
+
+
+def run_dirs(exp: ExperimentConfig) -> dict[str, Path]:
+    return {rc.run_id: exp.output_dir() / rc.run_id for rc in exp.resolve()}
+
+
+def prepare_corpus(runs: list[RunConfig], log=print):
+    from .data import build_corpus, load_recipe
+
+    recipes = {rc.data.recipe for rc in runs}
+    if len(recipes) != 1:
+        raise ConfigError(f"data.recipe: every run of an experiment must use the same corpus, got {sorted(recipes)}")
+    recipe = load_recipe(recipes.pop())
+    names = set(recipe.domains)
+    for rc in runs:
+        for field, doms in (("data.train_weights", rc.data.train_weights), ("data.eval_domains", rc.data.eval_domains or [])):
+            bad = [d for d in doms if d not in names]
+            if bad:
+                raise ConfigError(f"{rc.name}: {field}: unknown domain(s) {bad}; the recipe has: {', '.join(sorted(names))}")
+    return build_corpus(recipe, log=log)
+
+
+def run_experiment(path: str | Path, overrides: list[str] | None = None, log=print) -> Path:
+    """Returns the path of the report (report.md)."""
+    from .eval.final import evaluate_run
+    from .report import report
+    from .train import train
+
+    t0 = time.perf_counter()
+    exp = load_experiment(path, overrides)
+    runs = exp.resolve()
+    corpus = prepare_corpus(runs, log=log)
+    out = exp.output_dir()
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "experiment.json").write_text(json.dumps(json.loads(exp.model_dump_json()), indent=1))
+    for i, rc in enumerate(runs, 1):
+        log(f"== run {i}/{len(runs)}: {rc.run_id}")
+        rd = out / rc.run_id
+        train(rc, rd, corpus=corpus, log=log)
+        if not (rd / "eval.json").exists():
+            evaluate_run(rd, corpus=corpus, log=log)
+    rep = report([out / rc.run_id for rc in runs], out / "report", reference=exp.reference)
+    log((rep.read_text().split("## Figures")[0]).rstrip())
+    log(f"\nexperiment {exp.name}: {len(runs)} run(s) in {time.perf_counter() - t0:.0f} s")
+    log(f"report: {rep.parent / 'report.html'} (and report.md)")
+    return rep
