@@ -24,7 +24,7 @@ def format_validation_error(err: ValidationError, prefix: str = "") -> str:
     for e in err.errors():
         loc = ".".join(str(p) for p in e["loc"] if not str(p).startswith("function-"))
         key = f"{prefix}.{loc}" if prefix and loc else (prefix or loc)
-        msg = e["msg"]
+        msg = e["msg"].removeprefix("Value error, ")
         if e["type"] == "extra_forbidden":
             msg = "unknown key"
         lines.append(f"  {key}: {msg}" + (f" (got {e['input']!r})" if e["type"] != "extra_forbidden" and "input" in e and not isinstance(e["input"], dict) else ""))

@@ -35,6 +35,8 @@ class ModelConfig(Strict):
     @field_validator("mixer", mode="before")
     @classmethod
     def _mixer(cls, v):
+        if isinstance(v, dict) and "name" not in v:
+            v = {"name": "attention", **v}
         return parse_mixer_config(v, "model.mixer")
 
     @field_validator("layer_mixers", mode="before")

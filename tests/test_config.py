@@ -1,0 +1,105 @@
+import pytest
+
+from basecap.config import ExperimentConfig, apply_overrides, load_experiment, validate_run
+from basecap.config_base import ConfigError
+from basecap.model import ModelConfig
+
+EXP = """
+name = "t"
+seeds = [0, 1]
+[data]
+train_weights = {prose = 1.0}
+seq_len = 32
+[model]
+d_model = 32
+n_layers = 2
+max_seq_len = 64
+[train]
+steps = 10
+warmup_steps = 2
+[[runs]]
+name = "a"
+[[runs]]
+name = "b"
+model.mixer = {name = "attention", position = "alibi"}
+"""
+
+
+def write(tmp_path, text):
+    p = tmp_path / "exp.toml"
+    p.write_text(text)
+    return p
+
+
+def test_experiment_resolves_runs_and_seeds(tmp_path):
+    exp = load_experiment(write(tmp_path, EXP))
+    runs = exp.resolve()
+    assert [r.run_id for r in runs] == ["a-s0", "a-s1", "b-s0", "b-s1"]
+    assert runs[2].model.mixer.position == "alibi"
+    assert runs[0].model.mixer.position == "rope"
+
+
+def test_unknown_key_names_the_key(tmp_path):
+    with pytest.raises(ConfigError, match=r"train\.stepz: unknown key"):
+        load_experiment(write(tmp_path, EXP.replace("steps = 10", "stepz = 10")))
+
+
+def test_wrong_type_names_key_and_value(tmp_path):
+    with pytest.raises(ConfigError, match=r"train\.steps"):
+        load_experiment(write(tmp_path, EXP.replace("steps = 10", 'steps = "ten"')))
+
+
+def test_unknown_mixer_lists_allowed(tmp_path):
+    bad = EXP.replace('position = "alibi"', 'position = "alibi"').replace('name = "attention"', 'name = "atention"')
+    with pytest.raises(ConfigError, match=r"unknown mixer 'atention'; allowed: .*attention"):
+        load_experiment(write(tmp_path, bad))
+
+
+def test_bad_literal_lists_allowed_values(tmp_path):
+    with pytest.raises(ConfigError, match=r"position.*'none', 'absolute', 'rope' or 'alibi'"):
+        load_experiment(write(tmp_path, EXP.replace('"alibi"', '"sinusoid"')))
+
+
+def test_mixer_knob_unknown_for_that_mixer(tmp_path):
+    with pytest.raises(ConfigError, match=r"model\.mixer\.d_state: unknown key"):
+        load_experiment(write(tmp_path, EXP.replace('position = "alibi"', "d_state = 16")))
+
+
+def test_impossible_values(tmp_path):
+    with pytest.raises(ConfigError, match="seq_len=128 exceeds model.max_seq_len=64"):
+        load_experiment(write(tmp_path, EXP.replace("seq_len = 32", "seq_len = 128")))
+    with pytest.raises(ConfigError, match="warmup_steps"):
+        load_experiment(write(tmp_path, EXP.replace("warmup_steps = 2", "warmup_steps = 20")))
+    with pytest.raises(ConfigError, match="divisible"):
+        load_experiment(write(tmp_path, EXP.replace("warmup_steps = 2", "warmup_steps = 2\nbatch_size = 6\ngrad_accum = 4")))
+
+
+def test_overrides_go_through_validation(tmp_path):
+    p = write(tmp_path, EXP)
+    exp = load_experiment(p, ["train.steps=20", "model.mixer.temperature=0.5"])
+    assert exp.resolve()[0].train.steps == 20
+    assert exp.resolve()[0].model.mixer.temperature == 0.5
+    with pytest.raises(ConfigError, match=r"train\.steps"):
+        load_experiment(p, ["train.steps=-1"])
+    with pytest.raises(ConfigError, match="KEY=VALUE"):
+        load_experiment(p, ["train.steps"])
+
+
+def test_changing_mixer_name_does_not_leak_knobs():
+    d = apply_overrides({"model": {"mixer": {"name": "attention", "window": 4}}}, [])
+    exp = ExperimentConfig(name="x", model=d["model"], runs=[{"name": "r", "model": {"mixer": {"name": "attention"}}}])
+    assert exp.resolve()[0].model.mixer.window == 4  # same name: merged
+    run = validate_run({"name": "r", "model": {"mixer": {"name": "attention", "window": 3}}})
+    assert run.model.mixer.window == 3
+
+
+def test_duplicate_and_reference_checks():
+    with pytest.raises(ValueError, match="duplicate"):
+        ExperimentConfig(name="x", runs=[{"name": "a"}, {"name": "a"}])
+    with pytest.raises(ValueError, match="reference"):
+        ExperimentConfig(name="x", reference="zz", runs=[{"name": "a"}])
+
+
+def test_model_config_defaults_mlp_from_mixer():
+    cfg = ModelConfig(mixer={"name": "attention"})
+    assert cfg.mlp.name == "swiglu"
