@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# Set up (fresh machine is fine) and run the whole test suite on CPU.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+./scripts/setup.sh test
+. .venv/bin/activate
+export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+python -m pytest tests -m "not gpu" "$@"
