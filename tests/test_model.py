@@ -1,0 +1,64 @@
+import pytest
+import torch
+
+from basecap.mixers import mixer_names
+from basecap.model import LM, ModelConfig
+
+
+def tiny(mixer=None, **kw):
+    torch.manual_seed(0)
+    return LM(ModelConfig(vocab_size=50, d_model=32, n_layers=2, max_seq_len=64, mixer=mixer or {"name": "attention", "head_dim": 8}, **kw))
+
+
+@pytest.mark.parametrize("position", ["rope", "absolute", "none", "alibi"])
+def test_model_is_causal(position):
+    m = tiny({"name": "attention", "head_dim": 8, "position": position})
+    idx = torch.randint(0, 50, (2, 20))
+    a, _ = m(idx)
+    idx2 = idx.clone()
+    idx2[:, 11] = (idx2[:, 11] + 1) % 50
+    b, _ = m(idx2)
+    assert torch.allclose(a[:, :11], b[:, :11], atol=1e-6)
+    assert not torch.allclose(a[:, 11:], b[:, 11:])
+
+
+def test_absolute_positions_only_when_asked():
+    assert tiny({"name": "attention", "head_dim": 8, "position": "absolute"}).abs_pos is not None
+    assert tiny().abs_pos is None
+
+
+def test_generate_matches_argmax_of_full_forward():
+    m = tiny()
+    prompt = torch.randint(0, 50, (1, 7))
+    out = m.generate(prompt, 6)
+    seq = prompt
+    for _ in range(6):
+        logits, _ = m(seq)
+        seq = torch.cat([seq, logits[:, -1].argmax(-1, keepdim=True)], 1)
+    assert torch.equal(out, seq[:, 7:])
+
+
+def test_param_counts_and_flops():
+    m = tiny()
+    c = m.param_counts()
+    assert c["total"] == sum(p.numel() for p in m.parameters())
+    assert c["embedding"] == 2 * 50 * 32
+    assert c["non_embedding"] == c["total"] - c["embedding"]
+    assert m.flops_per_token(64) > 2 * c["non_embedding"]
+    tied = tiny(tie_embeddings=True)
+    assert tied.param_counts()["embedding"] == 50 * 32
+
+
+def test_no_biases_anywhere():
+    for name in mixer_names():
+        m = tiny({"name": name})
+        for n, mod in m.named_modules():
+            if isinstance(mod, torch.nn.Linear):
+                assert mod.bias is None, f"{name}: {n} has a bias"
+
+
+def test_hybrid_layer_override():
+    m = tiny(layer_mixers={1: {"name": "attention", "head_dim": 8, "window": 4}})
+    assert m.blocks[1].mixer.cfg.window == 4 and m.blocks[0].mixer.cfg.window == 0
+    with pytest.raises(ValueError, match="outside"):
+        tiny(layer_mixers={5: {"name": "attention"}})
