@@ -17,6 +17,7 @@ from .base import Mixer, MixerConfig, State, state_bytes
 # registry name -> "module:MixerClass"
 _MIXERS: dict[str, str] = {
     "attention": "attention:Attention",
+    "deltanet": "deltanet:DeltaNet",
 }
 
 # feed-forward blocks: registry name -> "module:Class"
