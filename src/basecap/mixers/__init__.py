@@ -18,6 +18,7 @@ from .base import Mixer, MixerConfig, State, state_bytes
 _MIXERS: dict[str, str] = {
     "attention": "attention:Attention",
     "deltanet": "deltanet:DeltaNet",
+    "gated_deltanet": "gated_deltanet:GatedDeltaNet",
 }
 
 # feed-forward blocks: registry name -> "module:Class"
