@@ -89,6 +89,16 @@ def _cmd_run(args):
     run_experiment(args.experiment, args.set)
 
 
+def _cmd_mixers(args):
+    from .mixers.catalog import describe, format_table
+
+    rows = describe(args.preset, args.seq_len)
+    if args.json:
+        print(json.dumps(rows, indent=1))
+    else:
+        print(format_table(rows, args.preset, args.seq_len))
+
+
 def _cmd_bench(args):
     mod = importlib.import_module(f"basecap.bench.{args.name}")
     mod.main(args.args)
@@ -142,6 +152,14 @@ def build_parser() -> argparse.ArgumentParser:
                        "ones), evaluate each on the test split, and write the report.")
     experiment_args(u)
     u.set_defaults(fn=_cmd_run)
+
+    mx = sub.add_parser("mixers", help="list every architecture with its switches, size, state and cost",
+                        description="List every registered sequence mixer: its config switches, parameter count at a size preset "
+                        "(MLP width matched to Transformer++), recurrent state bytes per sequence and asymptotic cost.")
+    mx.add_argument("--preset", default="tiny", choices=["tiny", "110m", "1.3b"])
+    mx.add_argument("--seq-len", type=int, default=2048)
+    mx.add_argument("--json", action="store_true", help="machine-readable output")
+    mx.set_defaults(fn=_cmd_mixers)
 
     b = sub.add_parser("bench", help="speed benchmarks (print a table, write JSON and a plot)",
                        description="Benchmarks: " + "; ".join(f"{k}: {v}" for k, v in BENCHES.items()) + ". "

@@ -8,7 +8,7 @@ RMSNorm, mlp, residual] -> RMSNorm -> LM head. No biases anywhere.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
@@ -21,6 +21,9 @@ from .mixers.attention import AttentionConfig
 
 
 class ModelConfig(Strict):
+    preset: Literal["tiny", "110m", "1.3b"] | None = Field(None, description="size preset: fills d_model, n_layers, max_seq_len "
+                                                            "(explicit values win) and turns on match_params")
+    match_params: bool = Field(False, description="resize the MLP so non-embedding params match Transformer++ at this depth/width")
     vocab_size: int = Field(8192, gt=0, description="set from the tokenizer when data is built")
     d_model: int = Field(192, gt=0)
     n_layers: int = Field(4, gt=0)
@@ -31,6 +34,17 @@ class ModelConfig(Strict):
     tie_embeddings: bool = False
     norm_eps: float = Field(1e-5, gt=0)
     init_std: float = Field(0.02, gt=0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _preset(cls, data):
+        if isinstance(data, dict) and data.get("preset") is not None:
+            from .presets import PRESETS
+
+            if data["preset"] not in PRESETS:
+                return data  # the Literal check reports it
+            data = {**PRESETS[data["preset"]], "match_params": True, **data}
+        return data
 
     @field_validator("mixer", mode="before")
     @classmethod
@@ -49,6 +63,10 @@ class ModelConfig(Strict):
         if self.mlp is None or isinstance(self.mlp, dict):
             data = self.mlp if isinstance(self.mlp, dict) else {"name": self.mixer.default_mlp()}
             object.__setattr__(self, "mlp", parse_mlp_config(data, "model.mlp"))
+        if self.match_params and not self.layer_mixers:
+            from .presets import matched_mlp
+
+            object.__setattr__(self, "mlp", matched_mlp(self))
         bad = [i for i in self.layer_mixers if not 0 <= i < self.n_layers]
         if bad:
             raise ValueError(f"layer_mixers: layer indices {bad} outside 0..{self.n_layers - 1}")

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from pydantic import Field, model_validator
 from torch import nn
 
-from .base import Impl, Mixer, MixerConfig, State
+from .base import Mixer, MixerConfig, State
 
 
 class AttentionConfig(MixerConfig):
@@ -31,7 +31,7 @@ class AttentionConfig(MixerConfig):
     window: int = Field(0, ge=0, description="0 = full causal attention; W > 0 = each query sees its last W keys")
     score: Literal["qk", "random_constant"] = "qk"
     temperature: float = Field(1.0, gt=0)
-    impl: Impl = "auto"
+    impl: Literal["ref", "fast", "auto"] = "auto"
 
     @model_validator(mode="after")
     def _check(self):

@@ -15,7 +15,7 @@ from ..config_base import Strict
 
 class SwiGLUConfig(Strict):
     name: Literal["swiglu"] = "swiglu"
-    hidden_mult: float = Field(8 / 3, gt=0, description="hidden = round(mult * d_model) to a multiple of 32")
+    hidden_mult: float = Field(8 / 3, gt=0, description="hidden = mult * d_model, rounded to a multiple of 8")
 
 
 class SwiGLU(nn.Module):
@@ -25,7 +25,7 @@ class SwiGLU(nn.Module):
 
     def __init__(self, d_model: int, cfg: SwiGLUConfig, layer_idx: int = 0, max_seq_len: int = 2048):
         super().__init__()
-        hidden = int(round(cfg.hidden_mult * d_model / 32)) * 32 or 32
+        hidden = max(8, int(round(cfg.hidden_mult * d_model / 8)) * 8)
         self.gate = nn.Linear(d_model, hidden, bias=False)
         self.up = nn.Linear(d_model, hidden, bias=False)
         self.down = nn.Linear(hidden, d_model, bias=False)
