@@ -19,6 +19,7 @@ _MIXERS: dict[str, str] = {
     "attention": "attention:Attention",
     "deltanet": "deltanet:DeltaNet",
     "gated_deltanet": "gated_deltanet:GatedDeltaNet",
+    "based": "based:Based",
 }
 
 # feed-forward blocks: registry name -> "module:Class"
