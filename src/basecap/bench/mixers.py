@@ -1,0 +1,155 @@
+"""``basecap bench mixers``: training and decoding speed of every mixer against sequence length.
+
+One mixer layer at the tiny preset's width (d_model 192), batch 1, fp32:
+- forward+backward time of the training form (``impl = auto``) at T = 512, 2048, 8192;
+- the step-by-step reference at T = 2048 (chunked-vs-reference speed-up);
+- per-token decode latency after prefilling a context of 1k, 4k, 16k tokens.
+A mixer whose fast form disagrees with its reference (rel. err > 1e-4 at T = 100) is reported as
+failed and its numbers are not used. Targets (issue): stateful training form <= 2x Transformer++ at
+T = 2048 and faster at 8192; chunked >= 10x the reference at 2048; decode at 16k within 1.2x of 1k.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+
+from ..mixers import build_mixer, mixer_class, mixer_names, parse_mixer_config
+from .common import fwd_bwd, median_time, rel_err
+
+D_MODEL = 192
+
+
+def _make(name: str, **over):
+    torch.manual_seed(0)
+    cfg = parse_mixer_config({"name": name, **over})
+    return build_mixer(cfg, D_MODEL, max_seq_len=16384 + 64)
+
+
+def _correct(name: str) -> float | None:
+    impls = mixer_class(name).impls
+    if len(impls) < 2:
+        return None
+    ref, fast = _make(name, impl=impls[0]), _make(name, impl="auto")
+    x = torch.randn(1, 100, D_MODEL)
+    with torch.no_grad():
+        return rel_err(fast(x)[0], ref(x)[0])
+
+
+def _decode_latency(m, ctx: int, steps: int) -> float:
+    with torch.no_grad():
+        state = m.init_state(1)
+        _, state = m(torch.randn(1, ctx, D_MODEL), state)
+        tok = torch.randn(1, 1, D_MODEL)
+        holder = {"s": state}
+
+        def one():
+            _, holder["s"] = m(tok, holder["s"])
+        return median_time(one, reps=steps, warmup=2)
+
+
+def main(argv: list[str] | None = None):
+    ap = argparse.ArgumentParser(prog="basecap bench mixers", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--mixers", nargs="*", default=None, help="default: every registered mixer")
+    ap.add_argument("--lengths", nargs="*", type=int, default=[512, 2048, 8192])
+    ap.add_argument("--contexts", nargs="*", type=int, default=[1024, 4096, 16384])
+    ap.add_argument("--ref-length", type=int, default=2048)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--quick", action="store_true", help="small grid (T = 256, 1024; contexts 512, 2048)")
+    ap.add_argument("--out", default="bench_results/mixers")
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.lengths, args.contexts, args.ref_length, args.reps = [256, 1024], [512, 2048], 512, 2
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    names = args.mixers or mixer_names()
+    if "attention" not in names:
+        names = ["attention", *names]
+    results = {}
+    for name in names:
+        err = _correct(name)
+        row = {"correct_rel_err": err, "ok": err is None or err <= 1e-4, "train_s": {}, "decode_ms": {}}
+        results[name] = row
+        if not row["ok"]:
+            print(f"{name}: fast form disagrees with the reference (rel err {err:.2e}); not benchmarked")
+            continue
+        m = _make(name)
+        for T in args.lengths:
+            x = torch.randn(1, T, D_MODEL, requires_grad=True)
+            row["train_s"][T] = median_time(fwd_bwd(m, x), reps=args.reps, budget_s=120)
+        impls = mixer_class(name).impls
+        if len(impls) > 1:
+            ref = _make(name, impl=impls[0])
+            x = torch.randn(1, args.ref_length, D_MODEL, requires_grad=True)
+            row["ref_train_s"] = median_time(fwd_bwd(ref, x), reps=1, warmup=0)
+            fast_t = median_time(fwd_bwd(m, x), reps=args.reps)
+            row["speedup_vs_ref"] = row["ref_train_s"] / fast_t
+        for ctx in args.contexts:
+            row["decode_ms"][ctx] = 1e3 * _decode_latency(m, ctx, steps=16)
+        print(f"{name}: done", flush=True)
+
+    att = results["attention"]
+    L2, L8 = (2048, 8192) if 8192 in args.lengths else (args.lengths[0], args.lengths[-1])
+    c1, c16 = args.contexts[0], args.contexts[-1]
+    for name, row in results.items():
+        if not row["ok"] or name == "attention":
+            continue
+        tr = row["train_s"]
+        grows = mixer_class(name)(D_MODEL, parse_mixer_config({"name": name})).state_size(c16) != \
+            mixer_class(name)(D_MODEL, parse_mixer_config({"name": name})).state_size(c1)
+        row["targets"] = {
+            f"train_{L2}_le_2x_attention": tr[L2] <= 2 * att["train_s"][L2] if L2 in tr else None,
+            f"train_{L8}_faster_than_attention": tr[L8] < att["train_s"][L8] if L8 in tr else None,
+            "chunked_10x_ref": (row["speedup_vs_ref"] >= 10) if "speedup_vs_ref" in row else None,
+            f"decode_{c16}_within_1.2x_of_{c1}": (row["decode_ms"][c16] <= 1.2 * row["decode_ms"][c1]) if not grows else None,
+        }
+    head = f"{'mixer':<16}" + "".join(f"{'fb T=' + str(T):>11}" for T in args.lengths) + f"{'x attn@' + str(L2):>11}{'x attn@' + str(L8):>11}{'ref/fast':>10}" + \
+        "".join(f"{'dec@' + str(c):>11}" for c in args.contexts) + f"{'  dec ' + str(c16) + '/' + str(c1):>13}"
+    print("\nforward+backward seconds (B=1, d_model 192), decode ms/token; ratios against attention (Transformer++)")
+    print(head)
+    for name, row in results.items():
+        if not row["ok"]:
+            print(f"{name:<16}FAILED correctness (rel err {row['correct_rel_err']:.2e})")
+            continue
+        tr = row["train_s"]
+        line = f"{name:<16}" + "".join(f"{tr[T]:>11.3f}" for T in args.lengths)
+        line += f"{tr[L2] / att['train_s'][L2]:>11.2f}{tr[L8] / att['train_s'][L8]:>11.2f}"
+        line += f"{row.get('speedup_vs_ref', float('nan')):>10.1f}"
+        line += "".join(f"{row['decode_ms'][c]:>11.2f}" for c in args.contexts)
+        line += f"{row['decode_ms'][c16] / row['decode_ms'][c1]:>13.2f}"
+        print(line)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    meta = {"d_model": D_MODEL, "batch": 1, "threads": torch.get_num_threads(), "torch": torch.__version__}
+    (out / "mixers.json").write_text(json.dumps({"meta": meta, "results": results}, indent=1))
+    _plot(results, args, out / "mixers.png")
+    print(f"written: {out / 'mixers.json'}, {out / 'mixers.png'}")
+    return results
+
+
+def _plot(results, args, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    for name, row in results.items():
+        if not row["ok"]:
+            continue
+        a.plot(args.lengths, [row["train_s"][T] for T in args.lengths], "-o", label=name, lw=2.5 if name == "attention" else 1)
+        b.plot(args.contexts, [row["decode_ms"][c] for c in args.contexts], "-o", label=name, lw=2.5 if name == "attention" else 1)
+    a.set(xscale="log", yscale="log", xlabel="sequence length T", ylabel="forward+backward s", title="training form, one layer")
+    b.set(xscale="log", yscale="log", xlabel="context length", ylabel="ms / token", title="decoding, one layer")
+    a.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    main()
