@@ -103,3 +103,20 @@ def test_duplicate_and_reference_checks():
 def test_model_config_defaults_mlp_from_mixer():
     cfg = ModelConfig(mixer={"name": "attention"})
     assert cfg.mlp.name == "swiglu"
+
+
+def test_size_switch_applies_named_overrides(tmp_path):
+    text = EXP.replace('name = "t"', 'name = "t"\nsize = "tiny"') + """
+[sizes.tiny]
+train = {steps = 5, warmup_steps = 1}
+[sizes.big]
+model = {preset = "110m"}
+"""
+    p = write(tmp_path, text)
+    exp = load_experiment(p)
+    assert exp.resolve()[0].train.steps == 5
+    assert str(exp.output_dir()).endswith("t-tiny")
+    big = load_experiment(p, ["size=big"]).resolve()[0]
+    assert big.model.d_model == 32  # explicit base values win over the preset
+    with pytest.raises(ConfigError, match="size: 'huge' is not defined; allowed: tiny, big"):
+        load_experiment(p, ["size=huge"])

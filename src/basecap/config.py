@@ -110,6 +110,8 @@ class ExperimentConfig(Strict):
     out_dir: str | None = Field(None, description="default: runs/<name>")
     seeds: list[int] = Field(default_factory=lambda: [0], min_length=1)
     reference: str | None = Field(None, description="run name the report compares every other run against")
+    size: str | None = Field(None, description="which [sizes.<name>] table to apply to the base (e.g. tiny, 110m, 1.3b)")
+    sizes: dict[str, dict[str, Any]] = Field(default_factory=dict, description="named overrides of the base sections, chosen by size")
     data: dict[str, Any] = Field(default_factory=dict)
     model: dict[str, Any] = Field(default_factory=dict)
     train: dict[str, Any] = Field(default_factory=dict)
@@ -124,16 +126,24 @@ class ExperimentConfig(Strict):
         dup = {n for n in names if names.count(n) > 1}
         if dup:
             raise ValueError(f"runs: duplicate run names {sorted(dup)}")
+        if self.size is not None and self.size not in self.sizes:
+            raise ValueError(f"size: {self.size!r} is not defined; allowed: {', '.join(self.sizes) or '(no [sizes.*] tables)'}")
+        for sname, over in self.sizes.items():
+            extra = set(over) - set(_SECTIONS)
+            if extra:
+                raise ValueError(f"sizes.{sname}: unknown key(s) {sorted(extra)}; allowed: {', '.join(_SECTIONS)}")
         if self.reference is not None and self.runs and self.reference not in names:
             raise ValueError(f"reference: {self.reference!r} is not a run name; runs are {names}")
         return self
 
     def output_dir(self) -> Path:
-        return Path(self.out_dir or f"runs/{self.name}")
+        return Path(self.out_dir or (f"runs/{self.name}" + (f"-{self.size}" if self.size else "")))
 
     def resolve(self) -> list[RunConfig]:
         """Every (run, seed) as a validated RunConfig; all errors are raised before any compute."""
         base = {k: getattr(self, k) for k in _SECTIONS}
+        if self.size is not None:
+            base = deep_merge(base, self.sizes[self.size])
         runs = self.runs or [{"name": self.name}]
         out = []
         for i, spec in enumerate(runs):
