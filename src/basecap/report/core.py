@@ -102,6 +102,31 @@ def _fmt(m: float, s: float | None, p: int = 3) -> str:
     return f"{m:.{p}f}" if s is None else f"{m:.{p}f} ± {s:.{p}f}"
 
 
+def _setting(run: Run) -> tuple:
+    return tuple(sorted(run.in_domains))
+
+
+def ood_domains(runs: list[Run]) -> list[str]:
+    """Domains held out by at least one run (the mixed-domain control trains on them)."""
+    return list(dict.fromkeys(d for r in runs for d in r.ood_domains))
+
+
+def _reference_for(run: Run, runs: list[Run], refs: list[Run]) -> Run | None:
+    """The reference run with the same seed and the same training domains. If the named reference was
+    trained on other domains (a limited-vs-mixed study), use the run of this setting that has the
+    reference's architecture (same model config)."""
+    for ref in refs:
+        if ref.seed == run.seed and _setting(ref) == _setting(run):
+            return ref
+    if not refs:
+        return None
+    arch = refs[0].info["config"]["model"]
+    for r in runs:
+        if r.seed == run.seed and _setting(r) == _setting(run) and r.info["config"]["model"] == arch:
+            return r
+    return None
+
+
 def summarize(runs: list[Run], reference: str | None = None, smooth: int = 1) -> dict:
     groups: dict[str, list[Run]] = defaultdict(list)
     for r in runs:
@@ -120,20 +145,20 @@ def summarize(runs: list[Run], reference: str | None = None, smooth: int = 1) ->
                 row[d] = {"loss": _mean_std([v["loss"] for v in vals]), "bpb": _mean_std([v["bpb"] for v in vals])}
         final[name] = row
     gaps = {}
+    ood = ood_domains(runs)
     if reference:
-        ref_by_seed = {r.seed: r for r in groups[reference]}
         for name, rs in groups.items():
-            if name == reference:
-                continue
-            for d in (runs[0].ood_domains if runs else []):
-                per_seed = [g for r in rs if r.seed in ref_by_seed for g in [matched_gap(r, ref_by_seed[r.seed], d, smooth=smooth)] if g]
+            for d in ood:
+                pairs = [(r, ref) for r in rs for ref in [_reference_for(r, runs, groups[reference])] if ref is not None and ref is not r]
+                per_seed = [g for r, ref in pairs for g in [matched_gap(r, ref, d, smooth=smooth)] if g]
                 if not per_seed:
                     continue
                 m, s = _mean_std([g["mean_gap"] for g in per_seed])
                 em, es = _mean_std([g["end_gap"] for g in per_seed])
                 gaps.setdefault(name, {})[d] = {
                     "mean_gap": m, "mean_gap_std": s, "end_gap": em, "end_gap_std": es, "n_seeds": len(per_seed),
-                    "significant": bool(s is not None and abs(m) > s),
+                    "significant": bool(s is not None and abs(m) > s), "against": pairs[0][1].name,
+                    "in_domain_here": d in rs[0].in_domains,
                 }
     return {"reference": reference, "domains": domains, "final": final, "gaps": gaps}
 
@@ -163,7 +188,7 @@ def _plots(runs: list[Run], out: Path, summary: dict) -> list[Path]:
     fig.savefig(paths[-1], dpi=110)
     plt.close(fig)
 
-    ood = runs[0].ood_domains if runs else []
+    ood = ood_domains(runs)
     if ood:
         fig, axes = plt.subplots(1, len(ood), figsize=(4.2 * len(ood), 3.8), squeeze=False)
         for ax, d in zip(axes[0], ood):
@@ -172,7 +197,7 @@ def _plots(runs: list[Run], out: Path, summary: dict) -> list[Path]:
                     x, y = _curve(r, d)
                     ax.plot(x, y, "-o", ms=2.5, lw=1, color=colors[r.name], label=r.run_id)
             ax.invert_xaxis()
-            ax.set(xlabel="in-domain validation loss", ylabel=f"{d} loss (OOD)", title=f"OOD: {d}")
+            ax.set(xlabel="in-domain validation loss", ylabel=f"{d} loss", title=f"{d}")
         axes[0][0].legend(fontsize=7)
         fig.suptitle("In-domain vs out-of-distribution loss over training (lower-left is better)", fontsize=10)
         fig.tight_layout()
@@ -185,9 +210,11 @@ def _plots(runs: list[Run], out: Path, summary: dict) -> list[Path]:
 def _markdown(summary: dict, runs: list[Run]) -> str:
     doms = summary["domains"]
     ind = set(runs[0].in_domains) if runs else set()
+    settings = {_setting(r) for r in runs}
     lines = ["# basecap report", "",
-             f"Runs: {', '.join(sorted({r.run_id for r in runs}))}. In-domain: {', '.join(sorted(ind))}; "
-             f"out-of-distribution: {', '.join(d for d in doms if d not in ind)}.", "",
+             f"Runs: {', '.join(sorted({r.run_id for r in runs}))}. In-domain: {', '.join(sorted(ind))}; " +
+             (f"out-of-distribution: {', '.join(d for d in doms if d not in ind)}." if len(settings) == 1 else
+              "Training domains differ between runs: " + "; ".join(f"{r.name}: {', '.join(r.in_domains)}" for r in runs if r.seed == runs[0].seed) + "."), "",
              "## Final evaluation (mean ± std over seeds; loss in nats/token, bpb = bits per UTF-8 byte)", ""]
     head = "| run | params (non-emb) | steps | in-domain loss | " + " | ".join(f"{d}{'' if d in ind else ' (OOD)'} loss / bpb" for d in doms) + " |"
     lines += [head, "|" + "---|" * (4 + len(doms))]
@@ -203,11 +230,12 @@ def _markdown(summary: dict, runs: list[Run]) -> str:
                   "Positive = worse out of distribution than the reference at the same in-domain loss. "
                   "Mean over the common in-domain-loss range; end = at the lowest in-domain loss both reached. "
                   "Significant only when |mean| exceeds the spread over seeds.", "",
-                  "| run | OOD domain | mean gap | end gap | seeds | verdict |", "|---|---|---|---|---|---|"]
+                  "| run | against | domain | mean gap | end gap | seeds | verdict |", "|---|---|---|---|---|---|---|"]
         for name, per in summary["gaps"].items():
             for d, g in per.items():
                 verdict = ("significant" if g["significant"] else "within seed spread") if g["n_seeds"] > 1 else "1 seed: no spread"
-                lines.append(f"| {name} | {d} | {_fmt(g['mean_gap'], g['mean_gap_std'])} | {_fmt(g['end_gap'], g['end_gap_std'])} | {g['n_seeds']} | {verdict} |")
+                dom = f"{d} (in-domain for this run)" if g["in_domain_here"] else d
+                lines.append(f"| {name} | {g['against']} | {dom} | {_fmt(g['mean_gap'], g['mean_gap_std'])} | {_fmt(g['end_gap'], g['end_gap_std'])} | {g['n_seeds']} | {verdict} |")
     lines += ["", "## Figures", "", "![training curves](training_curves.png)", "", "![in-domain vs OOD](indomain_vs_ood.png)", ""]
     return "\n".join(lines)
 
