@@ -20,6 +20,8 @@ _MIXERS: dict[str, str] = {
     "deltanet": "deltanet:DeltaNet",
     "gated_deltanet": "gated_deltanet:GatedDeltaNet",
     "based": "based:Based",
+    "top1_element": "top1_element:Top1Element",
+    "top1_chunk": "top1_chunk:Top1Chunk",
 }
 
 # feed-forward blocks: registry name -> "module:Class"
