@@ -152,8 +152,8 @@ def train(cfg: RunConfig, run_dir: str | Path, corpus=None, log=print) -> dict:
         log(f"[{cfg.run_id}] {cfg.model.mixer.name}: {counts['total'] / 1e6:.2f}M params "
             f"({counts['non_embedding'] / 1e6:.2f}M non-embedding), {info['flops_per_token'] / 1e6:.1f} MFLOPs/token fwd, device {device}")
 
-    micro = cfg.train.batch_size // cfg.train.grad_accum
-    batches = TrainBatches(corpus, weights=cfg.data.train_weights, seq_len=cfg.data.seq_len, batch_size=micro, seed=cfg.seed)
+    # the batch of a step does not depend on grad_accum (a memory knob): micro-batches are slices of it
+    batches = TrainBatches(corpus, weights=cfg.data.train_weights, seq_len=cfg.data.seq_len, batch_size=cfg.train.batch_size, seed=cfg.seed)
     eval_domains = cfg.data.eval_domains or corpus.domains
     evaluator = DomainEvaluator(corpus, eval_domains, cfg.eval.split, cfg.data.seq_len, cfg.eval.batch_size, cfg.eval.max_tokens)
     tokens_per_step = cfg.train.batch_size * cfg.data.seq_len
@@ -179,8 +179,8 @@ def train(cfg: RunConfig, run_dir: str | Path, corpus=None, log=print) -> dict:
         for g in opt.param_groups:
             g["lr"] = lr
         loss_sum = 0.0
-        for m in range(cfg.train.grad_accum):
-            x, y = batches.batch(step * cfg.train.grad_accum + m)
+        xb, yb = batches.batch(step)
+        for x, y in zip(xb.chunk(cfg.train.grad_accum), yb.chunk(cfg.train.grad_accum)):
             x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
             with autocast() if autocast else nullcontext():
                 loss = model.loss(x, y) / cfg.train.grad_accum

@@ -1,0 +1,128 @@
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from basecap.checkpoint import CheckpointError, latest_good_checkpoint, list_checkpoints, load_weights
+from basecap.config import validate_run
+from basecap.train import TrainingDiverged, build_model, train
+
+
+def run_cfg(recipe, steps=8, **train_over):
+    return validate_run({
+        "name": "t", "seed": 0,
+        "data": {"recipe": str(recipe), "train_weights": {"prose": 1.0}, "seq_len": 32},
+        "model": {"d_model": 32, "n_layers": 2, "max_seq_len": 32, "mixer": {"name": "attention", "head_dim": 8}},
+        "train": {"steps": steps, "batch_size": 4, "warmup_steps": 2, "checkpoint_every": 4, "progress": False, "lr": 3e-3, **train_over},
+        "eval": {"every": 4, "max_tokens": 1024, "batch_size": 4},
+    })
+
+
+def losses(run_dir):
+    recs = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [r["loss"] for r in recs if r["kind"] == "train"], [r for r in recs if r["kind"] == "eval"]
+
+
+def test_train_writes_metrics_checkpoints_and_provenance(tiny_corpus, tiny_recipe_path, tmp_path):
+    final = train(run_cfg(tiny_recipe_path), tmp_path / "r", corpus=tiny_corpus, log=lambda *_: None)
+    tr, ev = losses(tmp_path / "r")
+    assert len(tr) == 8 and tr[-1] < tr[0]
+    assert [e["step"] for e in ev] == [4, 8]
+    assert set(final["domains"]) == {"prose", "code"} and final["domains"]["code"]["bpb"] > 0
+    info = json.loads((tmp_path / "r" / "run.json").read_text())
+    assert {"git_commit", "packages", "device", "params", "flops_per_token", "config"} <= set(info)
+    assert [p.name for p in list_checkpoints(tmp_path / "r" / "checkpoints")] == ["step_00000004", "step_00000008"]
+
+
+def test_finished_run_is_skipped(tiny_corpus, tiny_recipe_path, tmp_path):
+    cfg = run_cfg(tiny_recipe_path, steps=4)
+    train(cfg, tmp_path / "r", corpus=tiny_corpus, log=lambda *_: None)
+    before = (tmp_path / "r" / "metrics.jsonl").read_text()
+    msgs = []
+    train(cfg, tmp_path / "r", corpus=tiny_corpus, log=msgs.append)
+    assert "already finished" in msgs[0] and (tmp_path / "r" / "metrics.jsonl").read_text() == before
+
+
+def test_grad_accumulation_matches_full_batch(tiny_corpus, tiny_recipe_path, tmp_path):
+    a, _ = (train(run_cfg(tiny_recipe_path, steps=3), tmp_path / "a", corpus=tiny_corpus, log=lambda *_: None), None)
+    b = train(run_cfg(tiny_recipe_path, steps=3, grad_accum=2), tmp_path / "b", corpus=tiny_corpus, log=lambda *_: None)
+    assert b["in_domain_loss"] == pytest.approx(a["in_domain_loss"], rel=1e-3)
+
+
+CHILD = """
+import sys, json
+from basecap.config import validate_run
+from basecap.data import load_corpus
+from basecap.train import train
+cfg = validate_run(json.loads(sys.argv[1]))
+train(cfg, sys.argv[2], corpus=load_corpus(sys.argv[3]), log=lambda *_: None)
+"""
+
+
+def test_kill_and_resume_reproduces_the_uninterrupted_loss_sequence(tiny_corpus, tiny_recipe_path, tmp_path):
+    cfg = run_cfg(tiny_recipe_path, steps=40, checkpoint_every=5)
+    train(cfg, tmp_path / "straight", corpus=tiny_corpus, log=lambda *_: None)
+    ref, ref_ev = losses(tmp_path / "straight")
+
+    run_dir = tmp_path / "killed"
+    proc = subprocess.Popen([sys.executable, "-c", CHILD, cfg.model_dump_json(), str(run_dir), str(tiny_corpus.dir)])
+    deadline = time.time() + 120
+    while time.time() < deadline and not list_checkpoints(run_dir / "checkpoints"):
+        time.sleep(0.05)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert list_checkpoints(run_dir / "checkpoints"), "child never checkpointed"
+    assert not (run_dir / "done.json").exists(), "child finished before it was killed"
+    msgs = []
+    train(cfg, run_dir, corpus=tiny_corpus, log=msgs.append)
+    assert any("resuming from" in m for m in msgs)
+    got, got_ev = losses(run_dir)
+    assert got == ref  # exact, every step
+    assert [e["domains"] for e in got_ev] == [e["domains"] for e in ref_ev]
+
+
+def test_corrupt_checkpoint_is_detected_and_previous_used(tiny_corpus, tiny_recipe_path, tmp_path):
+    cfg = run_cfg(tiny_recipe_path)
+    train(cfg, tmp_path / "r", corpus=tiny_corpus, log=lambda *_: None)
+    ckpts = list_checkpoints(tmp_path / "r" / "checkpoints")
+    w = ckpts[-1] / "model.safetensors"
+    w.write_bytes(w.read_bytes()[: w.stat().st_size // 2])  # truncated
+    model = build_model(cfg, tiny_corpus.vocab_size)
+    with pytest.raises(CheckpointError, match="model.safetensors is corrupt or truncated"):
+        load_weights(ckpts[-1], model)
+    msgs = []
+    with pytest.warns(UserWarning, match="corrupt"):
+        good = latest_good_checkpoint(tmp_path / "r" / "checkpoints", log=msgs.append)
+    assert good == ckpts[-2] and "falling back" in msgs[0]
+
+
+def test_nan_loss_stops_naming_the_step_and_keeps_checkpoints(tiny_corpus, tiny_recipe_path, tmp_path, monkeypatch):
+    from basecap.model import LM
+
+    calls = {"n": 0}
+    orig = LM.loss
+
+    def flaky(self, x, y):
+        calls["n"] += 1
+        out = orig(self, x, y)
+        return out * float("nan") if calls["n"] == 6 else out
+
+    monkeypatch.setattr(LM, "loss", flaky)
+    with pytest.raises(TrainingDiverged, match=r"at step 6; stopped.*latest: step_00000004"):
+        train(run_cfg(tiny_recipe_path), tmp_path / "r", corpus=tiny_corpus, log=lambda *_: None)
+    assert [p.name for p in list_checkpoints(tmp_path / "r" / "checkpoints")] == ["step_00000004"]
+
+
+def test_unknown_domain_fails_before_compute(tiny_corpus, tiny_recipe_path, tmp_path):
+    from basecap.config_base import ConfigError
+
+    cfg = run_cfg(tiny_recipe_path)
+    cfg = cfg.model_copy(update={"data": cfg.data.model_copy(update={"train_weights": {"poetry": 1.0}})})
+    with pytest.raises(ConfigError, match=r"unknown domain\(s\) \['poetry'\]; the corpus has: "):
+        train(cfg, tmp_path / "r", corpus=tiny_corpus, log=lambda *_: None)
+    assert not (tmp_path / "r" / "checkpoints").exists()
