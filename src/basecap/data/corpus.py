@@ -1,0 +1,107 @@
+"""A built corpus on disk: manifest, tokenizer and per-domain, per-split token shards."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+
+from ..config_base import ConfigError
+from .recipe import SPLITS
+
+MANIFEST_FORMAT = "basecap-corpus/1"
+
+
+class Corpus:
+    """Read-only view of a corpus folder written by ``build_corpus``.
+
+    Token shards are flat arrays: each document's tokens followed by the ``<|endoftext|>`` id.
+    """
+
+    def __init__(self, path: str | os.PathLike):
+        self.dir = Path(path)
+        mpath = self.dir / "manifest.json"
+        if not mpath.is_file():
+            raise ConfigError(f"{self.dir} is not a built corpus (no manifest.json)")
+        self.manifest: dict = json.loads(mpath.read_text(encoding="utf-8"))
+        if self.manifest.get("format") != MANIFEST_FORMAT:
+            raise ConfigError(f"{self.dir}: unsupported corpus format {self.manifest.get('format')!r}")
+        self.domains: list[str] = list(self.manifest["domains"])
+        self.tokenizer_path = self.dir / "tokenizer.json"
+        self.vocab_size: int = self.manifest["tokenizer"]["vocab_size"]
+        self.eot_id: int = self.manifest["tokenizer"]["eot_id"]
+        self.dtype = np.dtype(self.manifest["dtype"])
+        self._tokenizer = None
+        self._shards: dict[tuple[str, str], np.ndarray] = {}
+
+    @property
+    def name(self) -> str:
+        return self.dir.name
+
+    @property
+    def tokenizer(self):
+        """The corpus tokenizer (``tokenizers.Tokenizer``); special-token strings encode as text."""
+        if self._tokenizer is None:
+            from .tokenizer import load_tokenizer
+
+            self._tokenizer, _ = load_tokenizer(self.tokenizer_path, self.manifest["tokenizer"]["eot_token"])
+        return self._tokenizer
+
+    def split_info(self, domain: str, split: str) -> dict:
+        if domain not in self.manifest["domains"]:
+            raise ConfigError(f"unknown domain {domain!r}; this corpus has {self.domains}")
+        if split not in SPLITS:
+            raise ConfigError(f"unknown split {split!r}; expected one of {list(SPLITS)}")
+        return self.manifest["domains"][domain]["splits"][split]
+
+    def tokens(self, domain: str, split: str) -> np.ndarray:
+        """The token shard of ``domain``/``split`` as a read-only memmap (documents + separators)."""
+        key = (domain, split)
+        if key not in self._shards:
+            info = self.split_info(domain, split)
+            if info["tokens"] == 0:
+                self._shards[key] = np.zeros(0, dtype=self.dtype)
+            else:
+                self._shards[key] = np.memmap(self.dir / info["file"], dtype=self.dtype, mode="r",
+                                              shape=(info["tokens"],))
+        return self._shards[key]
+
+    def bytes_per_token(self, domain: str, split: str) -> float:
+        """UTF-8 bytes of the split's documents per token (separators counted as tokens).
+
+        Bits per byte of a split = mean loss in nats per token / ln 2 / bytes_per_token.
+        """
+        info = self.split_info(domain, split)
+        if info["tokens"] == 0:
+            raise ValueError(f"{domain}/{split} is empty")
+        return info["bytes"] / info["tokens"]
+
+    def __repr__(self) -> str:
+        return f"Corpus({str(self.dir)!r}, domains={self.domains}, vocab_size={self.vocab_size})"
+
+
+def load_corpus(path: str | os.PathLike) -> Corpus:
+    """Open a corpus folder built earlier (the ``dir`` of a ``Corpus``)."""
+    return Corpus(path)
+
+
+def summarize(corpus: Corpus) -> str:
+    """A table of domain, role, split, MB, documents, tokens and bytes per token."""
+    rows = [("domain", "role", "split", "MB", "docs", "tokens", "bytes/tok")]
+    for d in corpus.domains:
+        info = corpus.manifest["domains"][d]
+        for s in SPLITS:
+            si = info["splits"][s]
+            bpt = f"{si['bytes'] / si['tokens']:.2f}" if si["tokens"] else "-"
+            rows.append((d, info["role"], s, f"{si['bytes'] / 1e6:.2f}", str(si["documents"]),
+                         f"{si['tokens']:,}", bpt))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(c.ljust(w) if i < 3 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
+             for r in rows]
+    head = (f"corpus {corpus.name}: vocab {corpus.vocab_size}, "
+            f"{sum(corpus.manifest['domains'][d]['tokens'] for d in corpus.domains):,} tokens")
+    skipped = corpus.manifest.get("skipped_domains") or {}
+    tail = [f"skipped domain {d}: {why}" for d, why in skipped.items()]
+    return "\n".join([head, *lines, *tail])

@@ -1,0 +1,85 @@
+"""Batches from a built corpus: random training windows and fixed evaluation windows.
+
+Training: the batch of step ``s`` is a pure function of (seed, s, rank, world_size), so a resumed
+run sees exactly the data it would have seen, and every architecture trained with the same seed
+sees the identical data order (paired comparisons). Each step draws one global batch of
+``batch_size * world_size`` windows; rank ``r`` takes rows ``[r * batch_size, (r + 1) * batch_size)``,
+so the union over ranks does not depend on how many ranks share it.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import numpy as np
+import torch
+
+from ..config_base import ConfigError
+from .corpus import Corpus
+
+
+class TrainBatches:
+    """Windows of ``seq_len + 1`` tokens from the train splits, domains drawn by ``weights``."""
+
+    def __init__(self, corpus: Corpus, weights: dict[str, float], seq_len: int, batch_size: int,
+                 seed: int = 0, rank: int = 0, world_size: int = 1, split: str = "train"):
+        unknown = sorted(set(weights) - set(corpus.domains))
+        if unknown:
+            raise ConfigError(f"unknown domain(s) {unknown} in training weights; this corpus has {corpus.domains}")
+        bad = {d: w for d, w in weights.items() if not (float(w) >= 0 and np.isfinite(w))}
+        if bad:
+            raise ConfigError(f"training weights must be finite and >= 0, got {bad}")
+        if seq_len < 1 or batch_size < 1:
+            raise ConfigError(f"seq_len and batch_size must be >= 1, got {seq_len}, {batch_size}")
+        if not 0 <= rank < world_size:
+            raise ConfigError(f"rank {rank} is not in [0, world_size={world_size})")
+        self.domains = [d for d in corpus.domains if weights.get(d, 0) > 0]
+        if not self.domains:
+            raise ConfigError(f"training weights {weights} give no domain a positive weight")
+        w = np.array([float(weights[d]) for d in self.domains])
+        self.probs = w / w.sum()
+        self.shards = [corpus.tokens(d, split) for d in self.domains]
+        for d, s in zip(self.domains, self.shards):
+            if len(s) < seq_len + 1:
+                raise ConfigError(f"domain {d!r} {split} split has {len(s)} tokens, fewer than seq_len + 1 = {seq_len + 1}")
+        self.max_start = np.array([len(s) - seq_len - 1 for s in self.shards], dtype=np.int64)
+        self.seq_len, self.batch_size, self.seed = seq_len, batch_size, seed
+        self.rank, self.world_size = rank, world_size
+
+    def windows(self, step: int) -> tuple[np.ndarray, np.ndarray]:
+        """(domain index, start) of this rank's windows for ``step``."""
+        rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([self.seed, step])))
+        n = self.batch_size * self.world_size
+        dom = rng.choice(len(self.domains), size=n, p=self.probs)
+        start = rng.integers(0, self.max_start[dom] + 1)
+        rows = slice(self.rank * self.batch_size, (self.rank + 1) * self.batch_size)
+        return dom[rows], start[rows]
+
+    def batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(x, y) LongTensors [B, T]; y is x shifted by one token."""
+        if step < 0:
+            raise ValueError(f"step must be >= 0, got {step}")
+        dom, start = self.windows(step)
+        T = self.seq_len
+        w = np.stack([np.asarray(self.shards[d][s : s + T + 1], dtype=np.int64) for d, s in zip(dom, start)])
+        w = torch.from_numpy(w)
+        return w[:, :-1], w[:, 1:]
+
+
+def eval_batches(corpus: Corpus, domain: str, split: str = "validation", seq_len: int = 256,
+                 batch_size: int = 8, max_tokens: int | None = 65536) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """Non-overlapping windows covering the first ``max_tokens`` predicted tokens of a split.
+
+    Window i holds tokens [i*T, i*T + T] (x the first T, y the last T); only full windows are
+    used, so n_windows = min(max_tokens, len - 1) // T. The same arguments give the same batches.
+    """
+    tokens = corpus.tokens(domain, split)
+    limit = len(tokens) - 1 if max_tokens is None else min(max_tokens, len(tokens) - 1)
+    n = max(limit, 0) // seq_len
+    if n == 0:
+        raise ValueError(f"{domain}/{split} has {len(tokens)} tokens: not one window of {seq_len} + 1")
+    for b in range(0, n, batch_size):
+        rows = range(b, min(b + batch_size, n))
+        w = np.stack([np.asarray(tokens[i * seq_len : i * seq_len + seq_len + 1], dtype=np.int64) for i in rows])
+        w = torch.from_numpy(w)
+        yield w[:, :-1], w[:, 1:]

@@ -1,0 +1,241 @@
+"""Corpus recipes: TOML files validated into typed configs.
+
+A recipe declares domains (``[domains.<name>]``) and a list of sources (``[[sources]]``), each of
+which feeds one domain, or several through a field of each record (jsonl). Built-in recipes live
+in ``basecap/data/recipes/*.toml``; ``load_recipe`` takes a built-in name or a path.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tomllib
+from importlib import resources
+from pathlib import Path
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import Discriminator, Field, Tag, ValidationError, model_validator
+
+from ..config_base import ConfigError, Strict, format_validation_error
+
+DOMAIN_NAME = r"^[a-z0-9][a-z0-9_\-]*$"
+SPLITS = ("train", "validation", "test")
+
+
+class DomainConfig(Strict):
+    role: Literal["train", "heldout"] = "train"  # documentation only: the loader's weights decide
+    description: str = ""
+    max_bytes: int | None = Field(default=None, gt=0)  # cap on UTF-8 text, deterministic selection
+    optional: bool = False  # when every source is missing: skip the domain instead of failing
+
+
+class _SourceBase(Strict):
+    name: str | None = None  # id in the manifest; defaults to kind + index
+    domain: str | None = None
+    license: str = "unspecified"
+    optional: bool = False  # missing client or files: skip with a one-line message
+    max_bytes: int | None = Field(default=None, gt=0)  # cap per source (and per target domain)
+    clean: Literal["none", "email"] = "none"
+
+
+class _MemberSource(_SourceBase):
+    include: list[str] = ["**/*"]
+    exclude: list[str] = []
+    format: Literal["text", "json"] = "text"  # json: one document per file, in text_field
+    text_field: str = "text"
+
+
+class PipSdistSource(_MemberSource):
+    """Members of a source distribution fetched with ``pip download --no-deps --no-binary :all:``."""
+
+    kind: Literal["pip_sdist"] = "pip_sdist"
+    package: str
+    version: str
+    sha256: str | None = None
+
+
+class NpmPackSource(_MemberSource):
+    """Members of an npm package fetched with ``npm pack``."""
+
+    kind: Literal["npm_pack"] = "npm_pack"
+    package: str
+    version: str
+    sha256: str | None = None
+
+
+class FilesSource(_MemberSource):
+    """Text files under a folder (``{stdlib}``, ``~`` and ``$VARS`` expand; globs allowed)."""
+
+    kind: Literal["files"] = "files"
+    root: str
+    exclude_dirs: list[str] = []  # folder names pruned anywhere in the walk
+
+
+class JsonlSource(_SourceBase):
+    """jsonl / jsonl.zst / jsonl.gz records, read as a stream (SlimPajama layout by default)."""
+
+    kind: Literal["jsonl"] = "jsonl"
+    paths: list[str]  # globs; relative paths are relative to the recipe file
+    text_field: str = "text"
+    domain_field: str | None = None  # dotted path, e.g. "meta.redpajama_set_name"
+    domain_map: dict[str, str] = {}  # field value -> recipe domain; unmapped values are counted
+    fingerprint: Literal["content", "stat"] = "content"  # stat: size+mtime, for very large data
+
+    @model_validator(mode="after")
+    def _target(self):
+        if self.domain_field is None and self.domain is None:
+            raise ValueError("a jsonl source needs `domain`, or `domain_field` with `domain_map`")
+        if self.domain_field is not None and not self.domain_map:
+            raise ValueError("`domain_field` needs a `domain_map` from field values to domains")
+        return self
+
+
+class PythonTopicsSource(_SourceBase):
+    """The Python reference topics shipped with every CPython (``pydoc_data.topics``)."""
+
+    kind: Literal["python_topics"] = "python_topics"
+
+
+Source = Annotated[
+    Union[PipSdistSource, NpmPackSource, FilesSource, JsonlSource, PythonTopicsSource],
+    Field(discriminator="kind"),
+]
+
+
+class SplitConfig(Strict):
+    validation: float = Field(default=0.05, ge=0, lt=1)
+    test: float = Field(default=0.05, ge=0, lt=1)
+    min_validation_tokens: int = Field(default=131072, ge=0)
+    min_test_tokens: int = Field(default=131072, ge=0)
+
+    @model_validator(mode="after")
+    def _fractions(self):
+        if self.validation + self.test >= 1:
+            raise ValueError("validation + test fractions must be below 1")
+        return self
+
+
+class BPETokenizerConfig(Strict):
+    kind: Literal["bpe"] = "bpe"
+    vocab_size: int = Field(default=8192, ge=300, le=2**31 - 1)
+    sample_bytes_per_domain: int = Field(default=4_000_000, gt=0)
+    min_frequency: int = Field(default=2, ge=1)
+
+
+class FileTokenizerConfig(Strict):
+    kind: Literal["file"] = "file"
+    path: str  # a tokenizer.json; relative paths are relative to the recipe file
+    eot_token: str = "<|endoftext|>"
+
+
+def _tokenizer_kind(v: Any) -> str | None:
+    if isinstance(v, dict):
+        return v.get("kind", "file" if "path" in v else "bpe")
+    return getattr(v, "kind", None)
+
+
+TokenizerConfig = Annotated[
+    Union[Annotated[BPETokenizerConfig, Tag("bpe")], Annotated[FileTokenizerConfig, Tag("file")]],
+    Discriminator(_tokenizer_kind),
+]
+
+
+class RecipeConfig(Strict):
+    name: str = Field(pattern=DOMAIN_NAME)
+    description: str = ""
+    domains: dict[str, DomainConfig]
+    sources: list[Source]
+    splits: SplitConfig = SplitConfig()
+    tokenizer: TokenizerConfig = BPETokenizerConfig()
+
+    @model_validator(mode="after")
+    def _consistent(self):
+        if not self.domains:
+            raise ValueError("a recipe needs at least one domain")
+        for d in self.domains:
+            if not re.match(DOMAIN_NAME, d):
+                raise ValueError(f"domain name {d!r} must match {DOMAIN_NAME} (it names files)")
+        fed = set()
+        names = set()
+        for i, s in enumerate(self.sources):
+            targets = [s.domain] if s.domain is not None else []
+            if isinstance(s, JsonlSource):
+                targets += list(s.domain_map.values())
+            for t in targets:
+                if t not in self.domains:
+                    raise ValueError(
+                        f"sources.{i} feeds unknown domain {t!r}; declared: {sorted(self.domains)}"
+                    )
+            if not targets:
+                raise ValueError(f"sources.{i} ({s.kind}) needs `domain`")
+            fed.update(targets)
+            sid = source_id(s, i)
+            if sid in names:
+                raise ValueError(f"sources.{i}: duplicate source name {sid!r}")
+            names.add(sid)
+        starved = sorted(set(self.domains) - fed)
+        if starved:
+            raise ValueError(f"domains without any source: {starved}")
+        return self
+
+
+def source_id(src: _SourceBase, index: int) -> str:
+    if src.name:
+        return src.name
+    label = getattr(src, "package", None) or src.kind
+    return f"{index}-{label.replace('/', '_').lstrip('@')}"
+
+
+def builtin_recipes() -> list[str]:
+    folder = resources.files("basecap.data") / "recipes"
+    return sorted(p.name[:-5] for p in folder.iterdir() if p.name.endswith(".toml"))
+
+
+def _resolve_paths(raw: dict, base: Path) -> dict:
+    """Make relative paths in a user's recipe relative to the recipe file, not the cwd."""
+
+    def fix(p: str) -> str:
+        if p.startswith(("{", "~", "$", "/")):
+            return p
+        return str(base / p)
+
+    for src in raw.get("sources", []) or []:
+        if not isinstance(src, dict):
+            continue
+        if isinstance(src.get("root"), str) and src.get("kind") == "files":
+            src["root"] = fix(src["root"])
+        if isinstance(src.get("paths"), list):
+            src["paths"] = [fix(p) if isinstance(p, str) else p for p in src["paths"]]
+    tok = raw.get("tokenizer")
+    if isinstance(tok, dict) and isinstance(tok.get("path"), str):
+        tok["path"] = fix(tok["path"])
+    return raw
+
+
+def recipe_from_dict(raw: dict, origin: str = "recipe") -> RecipeConfig:
+    try:
+        return RecipeConfig.model_validate(raw)
+    except ValidationError as e:
+        raise ConfigError(f"{origin}: " + format_validation_error(e)) from None
+
+
+def load_recipe(name_or_path: str | os.PathLike) -> RecipeConfig:
+    """A built-in recipe by name (e.g. ``"default"``) or a TOML file by path."""
+    p = Path(name_or_path).expanduser()
+    builtin = builtin_recipes()
+    if p.suffix == ".toml" or p.exists() or os.sep in str(name_or_path):
+        if not p.is_file():
+            raise ConfigError(f"recipe file not found: {p} (built-in recipes: {builtin})")
+        text, base, origin = p.read_text(encoding="utf-8"), p.resolve().parent, str(p)
+    elif str(name_or_path) in builtin:
+        res = resources.files("basecap.data") / "recipes" / f"{name_or_path}.toml"
+        text, base, origin = res.read_text(encoding="utf-8"), None, f"built-in recipe {name_or_path!r}"
+    else:
+        raise ConfigError(f"unknown recipe {str(name_or_path)!r}: not a file and not one of {builtin}")
+    try:
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{origin}: invalid TOML: {e}") from None
+    if base is not None:
+        raw = _resolve_paths(raw, base)
+    return recipe_from_dict(raw, origin)

@@ -1,0 +1,353 @@
+"""Corpus sources: fetch (pip, npm), fingerprint, and stream normalised documents.
+
+``prepare_source`` makes a source ready (downloading archives into the data home once) and
+fingerprints its content for the corpus cache key; an optional source whose client or files are
+missing comes back skipped with a reason. ``read_source`` then streams its documents.
+"""
+
+from __future__ import annotations
+
+import glob
+import gzip
+import hashlib
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tarfile
+import tempfile
+import warnings
+import zipfile
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterator
+
+from .recipe import (
+    FilesSource,
+    JsonlSource,
+    NpmPackSource,
+    PipSdistSource,
+    PythonTopicsSource,
+    source_id,
+)
+from .text import CLEANERS, Doc, decode_utf8, glob_match, normalize_text
+
+MAX_WARNINGS_PER_SOURCE = 10
+
+
+class DataError(RuntimeError):
+    """A corpus cannot be built (a required source is missing, a checksum differs, ...)."""
+
+
+class SourceUnavailable(Exception):
+    """A source's client or files are missing; fatal unless the source is optional."""
+
+
+class MalformedRecordWarning(UserWarning):
+    """A record was skipped (and counted in the manifest) because it could not be parsed."""
+
+
+@dataclass
+class PreparedSource:
+    id: str
+    config: object
+    status: str  # "ok" or "skipped"
+    reason: str = ""
+    fingerprint: str = ""
+    origin: str = ""  # archive name or root folder, for the manifest
+    archive: Path | None = None
+    files: list[Path] = field(default_factory=list)
+    stats: Counter = field(default_factory=Counter)
+    unmapped: Counter = field(default_factory=Counter)
+    warned: int = 0
+
+
+def _sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _run(cmd: list[str], cwd: str, what: str) -> None:
+    try:
+        proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=900)
+    except FileNotFoundError:
+        raise SourceUnavailable(f"{cmd[0]} not found") from None
+    except subprocess.TimeoutExpired:
+        raise SourceUnavailable(f"{what} timed out") from None
+    if proc.returncode != 0:
+        lines = [ln for ln in (proc.stderr or proc.stdout).strip().splitlines() if ln.strip()]
+        raise SourceUnavailable(f"{what} failed: {lines[-1] if lines else proc.returncode}")
+
+
+def _fetch(kind: str, package: str, version: str, home: Path, log: Callable) -> Path:
+    """Download an archive once into ``<home>/downloads/<kind>/<package>-<version>/``."""
+    folder = home / "downloads" / kind / f"{package.replace('/', '_').lstrip('@')}-{version}"
+    cached = [p for p in folder.glob("*") if not p.name.startswith(".")] if folder.is_dir() else []
+    if len(cached) == 1:
+        return cached[0]
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=".tmp-", dir=folder.parent)
+    try:
+        if kind == "pip":
+            log(f"  downloading {package}=={version} with pip")
+            cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+                   "--disable-pip-version-check", "-q", "-d", tmp, f"{package}=={version}"]
+        else:
+            if shutil.which("npm") is None:
+                raise SourceUnavailable("npm not found")
+            log(f"  downloading {package}@{version} with npm pack")
+            cmd = ["npm", "pack", f"{package}@{version}", "--pack-destination", tmp,
+                   "--ignore-scripts", "--silent"]
+        _run(cmd, tmp, f"{kind} download of {package} {version}")
+        got = [p for p in Path(tmp).iterdir() if p.is_file()]
+        if len(got) != 1:
+            raise SourceUnavailable(f"expected one archive from {kind}, got {[p.name for p in got]}")
+        if folder.exists():
+            shutil.rmtree(folder)
+        os.rename(tmp, folder)
+    finally:
+        if os.path.isdir(tmp):
+            shutil.rmtree(tmp, ignore_errors=True)
+    return folder / got[0].name
+
+
+def _expand_root(root: str) -> list[Path]:
+    root = root.replace("{stdlib}", sysconfig.get_paths()["stdlib"])
+    root = os.path.expandvars(os.path.expanduser(root))
+    if "$" in root:
+        raise SourceUnavailable(f"unset environment variable in {root!r}")
+    return [Path(p) for p in sorted(glob.glob(root))] if glob.has_magic(root) else [Path(root)]
+
+
+def _walk(src: FilesSource) -> list[tuple[Path, str]]:
+    """(path, path relative to its root) for every matching file, in a fixed order."""
+    out = []
+    for root in _expand_root(src.root):
+        if not root.is_dir():
+            continue
+        for dirpath, dirnames, filenames in os.walk(root):
+            dirnames[:] = sorted(d for d in dirnames if d not in src.exclude_dirs)
+            for fn in sorted(filenames):
+                p = Path(dirpath) / fn
+                rel = p.relative_to(root).as_posix()
+                if glob_match(rel, src.include) and not glob_match(rel, src.exclude) and p.is_file():
+                    out.append((p, rel))
+    return out
+
+
+def _jsonl_files(src: JsonlSource) -> list[Path]:
+    files: list[Path] = []
+    for pattern in src.paths:
+        for p in _expand_root(pattern):
+            if p.is_file() and p not in files:
+                files.append(p)
+    return files
+
+
+def prepare_source(src, index: int, home: Path, log: Callable = print) -> PreparedSource:
+    sid = source_id(src, index)
+    prep = PreparedSource(sid, src, "ok")
+    try:
+        if isinstance(src, (PipSdistSource, NpmPackSource)):
+            kind = "pip" if isinstance(src, PipSdistSource) else "npm"
+            prep.archive = _fetch(kind, src.package, src.version, home, log)
+            prep.fingerprint = _sha256_file(prep.archive)
+            prep.origin = f"{kind}: {src.package} {src.version} ({prep.archive.name})"
+            if src.sha256 and src.sha256 != prep.fingerprint:
+                raise DataError(
+                    f"source {sid}: {prep.archive} has sha256 {prep.fingerprint}, recipe expects {src.sha256}"
+                )
+        elif isinstance(src, FilesSource):
+            found = _walk(src)
+            if not found:
+                raise SourceUnavailable(f"no files match under {src.root}")
+            prep.files = [p for p, _ in found]
+            h = hashlib.sha256()
+            for p, rel in found:
+                h.update(f"{rel}\0{_sha256_file(p)}\n".encode())
+            prep.fingerprint = h.hexdigest()
+            prep.origin = f"files: {src.root} ({len(found)} files)"
+        elif isinstance(src, JsonlSource):
+            prep.files = _jsonl_files(src)
+            if not prep.files:
+                raise SourceUnavailable(f"no files match {src.paths}")
+            h = hashlib.sha256()
+            for p in prep.files:
+                if src.fingerprint == "stat":
+                    st = p.stat()
+                    h.update(f"{p}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+                else:
+                    h.update(f"{p}\0{_sha256_file(p)}\n".encode())
+            prep.fingerprint = h.hexdigest()
+            prep.origin = f"jsonl: {len(prep.files)} files"
+        elif isinstance(src, PythonTopicsSource):
+            import pydoc_data.topics as topics
+
+            prep.files = [Path(topics.__file__)]
+            prep.fingerprint = _sha256_file(prep.files[0])
+            prep.origin = f"python {sys.version.split()[0]}: pydoc_data/topics.py"
+        else:  # pragma: no cover - the recipe union makes this unreachable
+            raise DataError(f"unknown source kind {src.kind}")
+    except SourceUnavailable as e:
+        if not src.optional:
+            raise DataError(f"source {sid} ({src.kind}) is required but unavailable: {e}") from None
+        prep.status, prep.reason = "skipped", str(e)
+        log(f"  source {sid}: skipped ({e})")
+    return prep
+
+
+def _get_field(obj, dotted: str):
+    for part in dotted.split("."):
+        if not isinstance(obj, dict) or part not in obj:
+            return None
+        obj = obj[part]
+    return obj
+
+
+def _malformed(prep: PreparedSource, where: str, why: str) -> None:
+    prep.stats["malformed"] += 1
+    if prep.warned < MAX_WARNINGS_PER_SOURCE:
+        prep.warned += 1
+        warnings.warn(f"{where}: malformed record skipped ({why})", MalformedRecordWarning, stacklevel=3)
+
+
+def _make_doc(prep: PreparedSource, domain: str, raw: bytes | None, origin: str,
+              text: str | None = None, bad: int = 0) -> Doc | None:
+    if raw is not None:
+        text, bad = decode_utf8(raw)
+    text = CLEANERS[prep.config.clean](normalize_text(text))
+    prep.stats["records"] += 1
+    if bad:
+        prep.stats["bad_bytes"] += bad
+        prep.stats["docs_with_bad_bytes"] += 1
+    if not text.strip():
+        prep.stats["empty"] += 1
+        return None
+    prep.stats["bytes_read"] += len(text.encode("utf-8"))
+    return Doc(domain, text, origin, bad, prep.id)
+
+
+def _from_member(prep: PreparedSource, raw: bytes, origin: str) -> Doc | None:
+    src = prep.config
+    if src.format == "text":
+        return _make_doc(prep, src.domain, raw, origin)
+    text, bad = decode_utf8(raw)
+    try:
+        value = _get_field(json.loads(text), src.text_field)
+    except json.JSONDecodeError as e:
+        value, err = None, f"invalid JSON: {e.msg}"
+    else:
+        err = f"no string field {src.text_field!r}"
+    if not isinstance(value, str):
+        _malformed(prep, origin, err)
+        return None
+    return _make_doc(prep, src.domain, None, origin, value, bad)
+
+
+def _archive_members(path: Path) -> Iterator[tuple[str, Callable[[], bytes]]]:
+    """(path inside the archive without its top folder, reader) in archive order.
+
+    Archive order is fixed for a given archive, and reading forward keeps a compressed tar
+    stream from being decompressed again for every backward seek.
+    """
+    if path.name.endswith(".zip"):
+        with zipfile.ZipFile(path) as zf:
+            for name in (n for n in zf.namelist() if not n.endswith("/")):
+                yield name.split("/", 1)[-1], (lambda n=name: zf.read(n))
+        return
+    with tarfile.open(path, "r|*") as tf:
+        for m in tf:
+            if m.isfile():
+                yield m.name.split("/", 1)[-1], (lambda m=m: tf.extractfile(m).read())
+
+
+def _open_stream(path: Path):
+    if path.name.endswith(".zst"):
+        import zstandard
+
+        f = open(path, "rb")
+        return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(f, read_across_frames=True, closefd=True))
+    if path.name.endswith(".gz"):
+        return gzip.open(path, "rb")
+    return open(path, "rb")
+
+
+def _read_jsonl(prep: PreparedSource) -> Iterator[Doc]:
+    src: JsonlSource = prep.config
+    for path in prep.files:
+        prep.stats["files"] += 1
+        with _open_stream(path) as stream:
+            for lineno, line in enumerate(stream, start=1):
+                if not line.strip():
+                    continue
+                text, bad = decode_utf8(line)
+                try:
+                    obj = json.loads(text)
+                except json.JSONDecodeError as e:
+                    _malformed(prep, f"{path}:{lineno}", f"invalid JSON: {e.msg}")
+                    continue
+                value = _get_field(obj, src.text_field)
+                if not isinstance(value, str):
+                    _malformed(prep, f"{path}:{lineno}", f"no string field {src.text_field!r}")
+                    continue
+                domain = src.domain
+                if src.domain_field is not None:
+                    label = _get_field(obj, src.domain_field)
+                    label = "<missing>" if label is None else str(label)
+                    if label not in src.domain_map:
+                        prep.unmapped[label] += 1
+                        continue
+                    domain = src.domain_map[label]
+                doc = _make_doc(prep, domain, None, f"{path.name}:{lineno}", value, bad)
+                if doc is not None:
+                    yield doc
+
+
+def read_source(prep: PreparedSource) -> Iterator[Doc]:
+    """Stream the normalised, cleaned, non-empty documents of a prepared source."""
+    src = prep.config
+    if isinstance(src, JsonlSource):
+        yield from _read_jsonl(prep)
+    elif isinstance(src, PythonTopicsSource):
+        from pydoc_data.topics import topics
+
+        prep.stats["files"] += 1
+        for name in sorted(topics):
+            doc = _make_doc(prep, src.domain, None, f"topics:{name}", topics[name], 0)
+            if doc is not None:
+                yield doc
+    elif isinstance(src, FilesSource):
+        roots = _expand_root(src.root)
+        for path in prep.files:
+            prep.stats["files"] += 1
+            raw = path.read_bytes()
+            if path.name.endswith(".gz"):
+                raw = gzip.decompress(raw)
+            origin = next((path.relative_to(r).as_posix() for r in roots if path.is_relative_to(r)), str(path))
+            doc = _from_member(prep, raw, origin)
+            if doc is not None:
+                yield doc
+    else:
+        for name, read in _archive_members(prep.archive):
+            if not glob_match(name, src.include) or glob_match(name, src.exclude):
+                continue
+            prep.stats["files"] += 1
+            raw = read()
+            if name.endswith(".gz"):
+                raw = gzip.decompress(raw)
+            doc = _from_member(prep, raw, name)
+            if doc is not None:
+                yield doc
+    if prep.stats["malformed"] > prep.warned:
+        warnings.warn(
+            f"source {prep.id}: {prep.stats['malformed']} malformed records skipped in all "
+            f"({prep.stats['malformed'] - prep.warned} not shown)", MalformedRecordWarning, stacklevel=2,
+        )
+
