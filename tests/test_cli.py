@@ -1,0 +1,76 @@
+import json
+
+import pytest
+
+from basecap.cli import build_parser, main
+
+
+def write_exp(tmp_path, recipe, extra=""):
+    p = tmp_path / "exp.toml"
+    p.write_text(f"""
+name = "smoke"
+out_dir = "{tmp_path / 'runs'}"
+reference = "tpp"
+[data]
+recipe = "{recipe}"
+train_weights = {{prose = 1.0}}
+seq_len = 32
+[model]
+d_model = 32
+n_layers = 2
+max_seq_len = 32
+[train]
+steps = 6
+batch_size = 4
+warmup_steps = 1
+checkpoint_every = 3
+progress = false
+[eval]
+every = 3
+max_tokens = 1024
+batch_size = 4
+[[runs]]
+name = "tpp"
+model.mixer = {{name = "attention", head_dim = 8}}
+[[runs]]
+name = "abs"
+model.mixer = {{name = "attention", head_dim = 8, position = "absolute"}}
+{extra}
+""")
+    return p
+
+
+def test_every_subcommand_has_help(capsys):
+    for cmd in (["data", "build"], ["train", "x"], ["eval", "x"], ["report", "x"], ["run", "x"], ["mixers"], ["bench", "train"]):
+        with pytest.raises(SystemExit) as e:
+            build_parser().parse_args([cmd[0], "--help"])
+        assert e.value.code == 0
+    assert "examples:" in build_parser().format_help()
+
+
+def test_run_train_eval_report_end_to_end(tiny_recipe_path, tmp_path, capsys):
+    exp = write_exp(tmp_path, tiny_recipe_path)
+    assert main(["run", str(exp)]) == 0
+    out = capsys.readouterr().out
+    assert "report:" in out and "| abs |" in out
+    runs = tmp_path / "runs"
+    assert (runs / "report" / "report.html").exists()
+    assert json.loads((runs / "tpp-s0" / "eval.json").read_text())["split"] == "test"
+    # a second run skips finished runs
+    assert main(["run", str(exp)]) == 0
+    assert "already finished" in capsys.readouterr().out
+    assert main(["eval", str(runs / "abs-s0"), "--split", "validation"]) == 0
+    assert "(OOD)" in capsys.readouterr().out
+    assert main(["report", str(runs / "tpp-s0"), str(runs / "abs-s0"), "--out", str(tmp_path / "rep")]) == 0
+    assert (tmp_path / "rep" / "report.md").exists()
+
+
+def test_config_errors_exit_2_with_the_key(tiny_recipe_path, tmp_path, capsys):
+    exp = write_exp(tmp_path, tiny_recipe_path)
+    assert main(["run", str(exp), "--set", "train.stepz=3"]) == 2
+    assert "train.stepz: unknown key" in capsys.readouterr().err
+    assert main(["train", str(exp), "--run", "nope"]) == 2
+    assert "unknown run(s) ['nope']" in capsys.readouterr().err
+    assert main(["run", str(exp), "--set", "data.train_weights={poetry=1.0}"]) == 2
+    assert "unknown domain(s) ['poetry']" in capsys.readouterr().err
+    assert main(["eval", str(tmp_path / "nothing")]) == 2
