@@ -22,12 +22,14 @@ _MIXERS: dict[str, str] = {
     "based": "based:Based",
     "top1_element": "top1_element:Top1Element",
     "top1_chunk": "top1_chunk:Top1Chunk",
+    "rwkv5": "rwkv5:RWKV5",
 }
 
 # feed-forward blocks: registry name -> "module:Class"
 _MLPS: dict[str, str] = {
     "swiglu": "mlp:SwiGLU",
     "none": "mlp:NoMLP",
+    "rwkv_cmix": "rwkv_cmix:RWKVChannelMix",
 }
 
 
