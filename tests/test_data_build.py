@@ -266,3 +266,17 @@ def test_manifest_names_the_final_corpus_only(tiny):
     m = json.loads(text)
     assert m["format"] == "basecap-corpus/1" and m["key"].startswith(corpus.dir.name.split("-")[-1])
     assert ".tmp-" not in text  # no trace of the temporary build folder
+
+
+def test_truncated_zst_warns_counts_and_keeps_building(tmp_path):
+    data = make_tiny_data(tmp_path / "data")
+    shard = data / "pajama" / "shard0.jsonl.zst"
+    good = shard.read_bytes()
+    write_slimpajama_zst(data / "pajama" / "shard1.jsonl.zst", n_docs=10, seed=11)
+    cut = data / "pajama" / "shard1.jsonl.zst"
+    cut.write_bytes(cut.read_bytes()[:-10])
+    with pytest.warns(MalformedRecordWarning, match=r"shard1\.jsonl\.zst:\d+: stream unreadable"):
+        corpus = build_corpus(recipe_from_dict(tiny_recipe(data)), home=tmp_path / "home", log=_quiet)
+    src = {s["id"]: s for s in corpus.manifest["sources"]}["pajama"]
+    assert src["unreadable_files"] == 1 and src["files"] == 2
+    assert shard.read_bytes() == good and src["documents_read"] >= 40

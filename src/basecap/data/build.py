@@ -83,6 +83,9 @@ def build_corpus(recipe: RecipeConfig | str, home: str | os.PathLike | None = No
     home = data_home(home)
     corpora = home / "corpora"
     corpora.mkdir(parents=True, exist_ok=True)
+    for stale in corpora.glob(".tmp-*"):  # left by a build killed more than a day ago
+        if time.time() - stale.stat().st_mtime > 86400:
+            shutil.rmtree(stale, ignore_errors=True)
     log(f"corpus recipe {recipe.name!r}: checking {len(recipe.sources)} sources")
     prepared = [prepare_source(s, i, home, log) for i, s in enumerate(recipe.sources)]
     tok_fp = ""
@@ -255,7 +258,8 @@ def _build_into(out: Path, recipe: RecipeConfig, prepared: list[PreparedSource],
                          documents_read=p.stats["records"], empty=p.stats["empty"],
                          duplicates=p.stats["duplicates"], bytes_read=p.stats["bytes_read"],
                          bad_bytes=p.stats["bad_bytes"], docs_with_bad_bytes=p.stats["docs_with_bad_bytes"],
-                         malformed=p.stats["malformed"], documents_selected=selected_by_source[p.id],
+                         malformed=p.stats["malformed"], unreadable_files=p.stats["unreadable_files"],
+                         documents_selected=selected_by_source[p.id],
                          bytes_selected=selected_bytes[p.id])
             if p.unmapped:
                 entry["unmapped"] = dict(sorted(p.unmapped.items()))

@@ -9,6 +9,7 @@ so the union over ranks does not depend on how many ranks share it.
 
 from __future__ import annotations
 
+import numbers
 from typing import Iterator
 
 import numpy as np
@@ -26,7 +27,7 @@ class TrainBatches:
         unknown = sorted(set(weights) - set(corpus.domains))
         if unknown:
             raise ConfigError(f"unknown domain(s) {unknown} in training weights; this corpus has {corpus.domains}")
-        bad = {d: w for d, w in weights.items() if not (float(w) >= 0 and np.isfinite(w))}
+        bad = {d: w for d, w in weights.items() if not (isinstance(w, numbers.Real) and 0 <= w < float("inf"))}
         if bad:
             raise ConfigError(f"training weights must be finite and >= 0, got {bad}")
         if seq_len < 1 or batch_size < 1:

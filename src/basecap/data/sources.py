@@ -10,7 +10,6 @@ from __future__ import annotations
 import glob
 import gzip
 import hashlib
-import io
 import json
 import os
 import shutil
@@ -109,9 +108,11 @@ def _fetch(kind: str, package: str, version: str, home: Path, log: Callable) -> 
         got = [p for p in Path(tmp).iterdir() if p.is_file()]
         if len(got) != 1:
             raise SourceUnavailable(f"expected one archive from {kind}, got {[p.name for p in got]}")
-        if folder.exists():
-            shutil.rmtree(folder)
-        os.rename(tmp, folder)
+        try:
+            os.rename(tmp, folder)
+        except OSError:  # another build fetched it meanwhile
+            if not folder.is_dir():
+                raise
     finally:
         if os.path.isdir(tmp):
             shutil.rmtree(tmp, ignore_errors=True)
@@ -123,7 +124,7 @@ def _expand_root(root: str) -> list[Path]:
     root = os.path.expandvars(os.path.expanduser(root))
     if "$" in root:
         raise SourceUnavailable(f"unset environment variable in {root!r}")
-    return [Path(p) for p in sorted(glob.glob(root))] if glob.has_magic(root) else [Path(root)]
+    return [Path(p) for p in sorted(glob.glob(root, recursive=True))] if glob.has_magic(root) else [Path(root)]
 
 
 def _walk(src: FilesSource) -> list[tuple[Path, str]]:
@@ -268,46 +269,93 @@ def _archive_members(path: Path) -> Iterator[tuple[str, Callable[[], bytes]]]:
                 yield m.name.split("/", 1)[-1], (lambda m=m: tf.extractfile(m).read())
 
 
-def _open_stream(path: Path):
+def _chunks(path: Path, size: int = 1 << 20) -> Iterator[bytes]:
+    """Decompressed bytes of a plain, .gz or .zst file, read as a stream.
+
+    A .zst file may hold several frames; one that ends early raises EOFError (the zstandard
+    stream reader would end quietly and lose the tail without a trace).
+    """
     if path.name.endswith(".zst"):
         import zstandard
 
-        f = open(path, "rb")
-        return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(f, read_across_frames=True, closefd=True))
-    if path.name.endswith(".gz"):
-        return gzip.open(path, "rb")
-    return open(path, "rb")
+        dctx = zstandard.ZstdDecompressor()
+        with open(path, "rb") as f:
+            dobj, fed = dctx.decompressobj(), False
+            for chunk in iter(lambda: f.read(size), b""):
+                while chunk:
+                    fed = True
+                    out = dobj.decompress(chunk)
+                    if out:
+                        yield out
+                    if dobj.eof:
+                        chunk, dobj, fed = dobj.unused_data, dctx.decompressobj(), False
+                    else:
+                        chunk = b""
+            if fed and not dobj.eof:
+                raise EOFError("compressed data ends in the middle of a frame")
+        return
+    opener = gzip.open if path.name.endswith(".gz") else open
+    with opener(path, "rb") as f:
+        yield from iter(lambda: f.read(size), b"")
+
+
+def _lines(prep: PreparedSource, path: Path) -> Iterator[tuple[int, bytes]]:
+    """Numbered non-blank lines; a corrupt or truncated stream ends its file with a warning."""
+    import zlib
+
+    import zstandard
+
+    lineno, pending = 0, []
+    try:
+        for chunk in _chunks(path):
+            start = 0
+            while (end := chunk.find(b"\n", start)) >= 0:
+                pending.append(chunk[start:end])
+                line, pending, start = b"".join(pending), [], end + 1
+                lineno += 1
+                if line.strip():
+                    yield lineno, line
+            if start < len(chunk):
+                pending.append(chunk[start:])
+        line = b"".join(pending)
+        if line.strip():
+            yield lineno + 1, line
+    except (OSError, EOFError, zlib.error, zstandard.ZstdError) as e:
+        _unreadable(prep, path, lineno + 1, e)
+
+
+def _unreadable(prep: PreparedSource, path: Path, lineno: int, err: Exception) -> None:
+    prep.stats["unreadable_files"] += 1
+    warnings.warn(f"{path}:{lineno}: stream unreadable from here on, rest of the file skipped ({err})",
+                  MalformedRecordWarning, stacklevel=4)
 
 
 def _read_jsonl(prep: PreparedSource) -> Iterator[Doc]:
     src: JsonlSource = prep.config
     for path in prep.files:
         prep.stats["files"] += 1
-        with _open_stream(path) as stream:
-            for lineno, line in enumerate(stream, start=1):
-                if not line.strip():
+        for lineno, line in _lines(prep, path):
+            text, bad = decode_utf8(line)
+            try:
+                obj = json.loads(text)
+            except json.JSONDecodeError as e:
+                _malformed(prep, f"{path}:{lineno}", f"invalid JSON: {e.msg}")
+                continue
+            value = _get_field(obj, src.text_field)
+            if not isinstance(value, str):
+                _malformed(prep, f"{path}:{lineno}", f"no string field {src.text_field!r}")
+                continue
+            domain = src.domain
+            if src.domain_field is not None:
+                label = _get_field(obj, src.domain_field)
+                label = "<missing>" if label is None else str(label)
+                if label not in src.domain_map:
+                    prep.unmapped[label] += 1
                     continue
-                text, bad = decode_utf8(line)
-                try:
-                    obj = json.loads(text)
-                except json.JSONDecodeError as e:
-                    _malformed(prep, f"{path}:{lineno}", f"invalid JSON: {e.msg}")
-                    continue
-                value = _get_field(obj, src.text_field)
-                if not isinstance(value, str):
-                    _malformed(prep, f"{path}:{lineno}", f"no string field {src.text_field!r}")
-                    continue
-                domain = src.domain
-                if src.domain_field is not None:
-                    label = _get_field(obj, src.domain_field)
-                    label = "<missing>" if label is None else str(label)
-                    if label not in src.domain_map:
-                        prep.unmapped[label] += 1
-                        continue
-                    domain = src.domain_map[label]
-                doc = _make_doc(prep, domain, None, f"{path.name}:{lineno}", value, bad)
-                if doc is not None:
-                    yield doc
+                domain = src.domain_map[label]
+            doc = _make_doc(prep, domain, None, f"{path.name}:{lineno}", value, bad)
+            if doc is not None:
+                yield doc
 
 
 def read_source(prep: PreparedSource) -> Iterator[Doc]:
