@@ -23,6 +23,8 @@ _MIXERS: dict[str, str] = {
     "top1_element": "top1_element:Top1Element",
     "top1_chunk": "top1_chunk:Top1Chunk",
     "rwkv5": "rwkv5:RWKV5",
+    "rwkv6": "rwkv6:RWKV6",
+    "rwkv7": "rwkv7:RWKV7",
 }
 
 # feed-forward blocks: registry name -> "module:Class"

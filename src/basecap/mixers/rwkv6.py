@@ -1,0 +1,123 @@
+"""RWKV-6 "Finch" time mixing (Peng et al. 2024, "Eagle and Finch: RWKV with Matrix-Valued States
+and Dynamic Recurrence", arXiv 2404.05892).
+
+RWKV-5 with data dependence: the token shift interpolates with a data-dependent amount (ddlerp,
+one small LoRA producing five mixes) and the decay is per token,
+
+    xx = x_{t-1} - x_t,   m_c = mu_c + lora_c(x_t + xx mu_x),  x^c_t = x_t + xx * m_c
+    w_t = exp(-exp(d + tanh(x^w_t A_d) B_d))
+    wkv_t = r_t^T (S_{t-1} + diag(u) k_t v_t^T),   S_t = diag(w_t) S_{t-1} + k_t v_t^T
+    out_t = o_proj(GroupNorm(wkv_t) * silu(g_t))
+
+Defaults follow the paper: head size 64, mix LoRA rank 32, decay LoRA rank 64, depth-ramped
+inits (assuming ``init_n_layers`` layers), GroupNorm eps ``1e-5 * 8**2``. impl "ref" is the
+step-by-step recurrence, "chunked" (= "auto") the chunked form in ``basecap.ops.wkv``.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from pydantic import Field
+from torch import nn
+
+from ..ops.wkv import depth_ratios, orthogonal_init_, token_shift, wkv6_chunked, wkv6_recurrent
+from .base import Mixer, MixerConfig, State
+
+
+class RWKV6Config(MixerConfig):
+    name: Literal["rwkv6"] = "rwkv6"
+    head_size: int = Field(64, gt=0, description="per-head key = value size; d_model must be a multiple")
+    mix_lora_rank: int = Field(32, gt=0, description="rank of the ddlerp LoRA (one per mixed input)")
+    decay_lora_rank: int = Field(64, gt=0, description="rank of the data-dependent decay LoRA")
+    head_size_divisor: float = Field(8.0, gt=0, description="GroupNorm eps = 1e-5 * divisor**2 (RWKV's ln_x)")
+    init_n_layers: int = Field(12, gt=0, description="depth the init ramps assume (mixers are not told n_layers)")
+    impl: Literal["ref", "chunked", "auto"] = "auto"
+    chunk_size: int = Field(16, gt=0)
+
+    def default_mlp(self) -> str:
+        return "rwkv_cmix"
+
+
+class RWKV6(Mixer):
+    config_class = RWKV6Config
+    impls = ("ref", "chunked")
+    test_variants = [{"head_size": 8, "mix_lora_rank": 4, "decay_lora_rank": 8}]
+
+    def __init__(self, d_model: int, cfg: RWKV6Config, layer_idx: int = 0, max_seq_len: int = 2048):
+        super().__init__(d_model, cfg, layer_idx, max_seq_len)
+        if d_model % cfg.head_size:
+            raise ValueError(f"rwkv6.head_size={cfg.head_size} must divide d_model={d_model}")
+        D, K, R = d_model, cfg.head_size, cfg.mix_lora_rank
+        H = self.n_heads = D // K
+        self.head_size = K
+        ratio_0_to_1, ratio_1_to_almost0 = depth_ratios(layer_idx, cfg.init_n_layers)
+        ddd = torch.arange(D) / D
+        n = torch.arange(D) / max(D - 1, 1)
+        # mixes in the order of the LoRA outputs: w, k, v, r, g
+        self.mix_x = nn.Parameter(1.0 - ddd**ratio_1_to_almost0)
+        self.mix = nn.Parameter(torch.stack([
+            1.0 - ddd**ratio_1_to_almost0,
+            1.0 - ddd**ratio_1_to_almost0,
+            1.0 - (ddd**ratio_1_to_almost0 + 0.3 * ratio_0_to_1),
+            1.0 - ddd ** (0.5 * ratio_1_to_almost0),
+            1.0 - ddd ** (0.5 * ratio_1_to_almost0),
+        ]))  # [5, D]
+        self.mix_lora_a = nn.Parameter(torch.zeros(D, 5 * R))
+        self.mix_lora_b = nn.Parameter(torch.empty(5, R, D).uniform_(-0.01, 0.01))
+        self.time_decay = nn.Parameter(-6 + 5 * n ** (0.7 + 1.3 * ratio_0_to_1))
+        self.decay_lora_a = nn.Parameter(torch.zeros(D, cfg.decay_lora_rank))
+        self.decay_lora_b = nn.Parameter(torch.empty(cfg.decay_lora_rank, D).uniform_(-0.01, 0.01))
+        zigzag = ((torch.arange(D) + 1) % 3 - 1) * 0.1
+        self.bonus = nn.Parameter((ratio_0_to_1 * (1 - n) + zigzag).view(H, K))
+
+        self.r_proj, self.k_proj, self.v_proj, self.g_proj, self.o_proj = (nn.Linear(D, D, bias=False) for _ in range(5))
+        for proj, scale in ((self.r_proj, 1.0), (self.k_proj, 0.1), (self.v_proj, 1.0), (self.g_proj, 0.1)):
+            orthogonal_init_(proj.weight, scale)
+            proj.weight._no_reinit = True
+        self.ln_x = nn.GroupNorm(H, D, eps=1e-5 * cfg.head_size_divisor**2)
+        nn.init.constant_(self.ln_x.weight, ((1 + min(layer_idx, cfg.init_n_layers - 1)) / cfg.init_n_layers) ** 0.7)
+        self.ln_x._no_reinit = True
+        for p in (self.mix_x, self.mix, self.mix_lora_a, self.mix_lora_b, self.time_decay,
+                  self.decay_lora_a, self.decay_lora_b, self.bonus):
+            p._no_reinit = True
+
+    def forward(self, x: torch.Tensor, state: State | None = None):
+        B, T, D = x.shape
+        H, K, R = self.n_heads, self.head_size, self.cfg.mix_lora_rank
+        prev, last = token_shift(x, None if state is None else state["shift"])
+        xx = prev - x
+        lora = torch.tanh((x + xx * self.mix_x) @ self.mix_lora_a).view(B, T, 5, R)
+        mixes = torch.einsum("btfr,frd->fbtd", lora, self.mix_lora_b) + self.mix[:, None, None]  # [5, B, T, D]
+        xw, xk, xv, xr, xg = (x + xx * m for m in mixes.unbind(0))
+        r = self.r_proj(xr).view(B, T, H, K)
+        k = self.k_proj(xk).view(B, T, H, K)
+        v = self.v_proj(xv).view(B, T, H, K)
+        g = F.silu(self.g_proj(xg))
+        log_w = -(self.time_decay + torch.tanh(xw @ self.decay_lora_a) @ self.decay_lora_b).exp().view(B, T, H, K)
+        S0 = None if state is None else state["wkv"]
+        if self.cfg.impl == "ref":
+            y, S = wkv6_recurrent(r, k, v, log_w, self.bonus, S0)
+        else:
+            y, S = wkv6_chunked(r, k, v, log_w, self.bonus, S0, chunk_size=self.cfg.chunk_size)
+        y = self.ln_x(y.reshape(B * T, D).to(x.dtype)).view(B, T, D)
+        out = self.o_proj(y * g)
+        return out, (None if state is None else {"shift": last, "wkv": S})
+
+    def init_state(self, batch: int, device="cpu", dtype=torch.float32) -> State:
+        K = self.head_size
+        return {
+            "shift": torch.zeros(batch, self.d_model, device=device, dtype=dtype),
+            "wkv": torch.zeros(batch, self.n_heads, K, K, device=device, dtype=torch.float32),
+        }
+
+    def state_size(self, seq_len: int) -> int:
+        return (self.d_model + self.n_heads * self.head_size**2) * 4
+
+    def flops_per_token(self, seq_len: int) -> float:
+        # chunked form per head: intra-chunk scores (~C/2 keys x K) and scores @ v (C x V),
+        # chunk state build + state read (2 x K x V); the LoRAs are counted as matmul parameters
+        C, K = self.cfg.chunk_size, self.head_size
+        return 2.0 * self.n_heads * (K * (C + 1) / 2 + C * K + 2 * K * K)
