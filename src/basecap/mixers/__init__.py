@@ -17,6 +17,7 @@ from .base import Mixer, MixerConfig, State, state_bytes
 # registry name -> "module:MixerClass"
 _MIXERS: dict[str, str] = {
     "attention": "attention:Attention",
+    "mamba1": "mamba1:Mamba1",
     "deltanet": "deltanet:DeltaNet",
     "gated_deltanet": "gated_deltanet:GatedDeltaNet",
     "based": "based:Based",

@@ -1,0 +1,240 @@
+"""Scans for diagonal selective state-space models (Mamba-1, Gu & Dao 2023; Mamba-2 / SSD,
+Dao & Gu 2024). Derivations are in docs/mixers/mamba.md.
+
+Mamba-1 (per channel e, state n):  h_t[e,n] = a_t[e,n] h_{t-1}[e,n] + w_t[e] B_t[n],
+                                    y_t[e]   = sum_n C_t[n] h_t[e,n]
+with a_t = exp(g_t[e] A[e,n]) (``g`` = dt for data-dependent decay), exp(A) when ``g`` is None
+(a decay that does not depend on the input) and 1 when ``A`` is None (no decay).
+
+Mamba-2 (per head h, head dim p, state n):  h_t[h,p,n] = exp(l_t[h]) h_{t-1}[h,p,n] + X_t[h,p] B_t[n],
+                                            y_t[h,p]   = sum_n C_t[n] h_t[h,p,n]
+with one scalar log-decay ``l_t[h] <= 0`` per head and step (one group: B and C shared by heads).
+
+``*_ref`` are plain step-by-step recurrences (the oracles). ``selective_scan`` is the chunked
+training form of Mamba-1: a loop over chunks carrying the state, and inside a chunk an in-place
+Brent-Kung parallel scan (log2(C) levels, multiplicative, so it never overflows whatever the
+decays are); its backward recomputes each chunk from the saved chunk-start states, so memory is
+O(T E N / C) instead of O(T E N). ``ssd_chunked`` is the state-space-duality algorithm of Mamba-2
+(quadratic inside chunks with the segment-sum decay mask, state passing between chunks), written
+with autograd-friendly ops.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import torch
+
+# --------------------------------------------------------------------------------------------
+# references (step by step)
+
+
+def selective_scan_ref(w, Bm, Cm, g, A, h0=None):
+    """Mamba-1 recurrence, one step at a time. w, g [B,T,E]; Bm, Cm [B,T,N]; A [E,N] or None;
+    h0 [B,E,N] or None. Returns y [B,T,E] and the last state [B,E,N]."""
+    Bsz, T, E = w.shape
+    N = Bm.shape[-1]
+    h = h0 if h0 is not None else w.new_zeros(Bsz, E, N)
+    ys = []
+    for t in range(T):
+        u = w[:, t, :, None] * Bm[:, t, None, :]  # [B,E,N]
+        if A is not None:
+            a = torch.exp(A if g is None else g[:, t, :, None] * A)
+            h = a * h + u
+        else:
+            h = h + u
+        ys.append((h * Cm[:, t, None, :]).sum(-1))
+    return torch.stack(ys, dim=1), h
+
+
+def ssd_ref(X, log_a, Bm, Cm, h0=None):
+    """Mamba-2 recurrence, one step at a time. X [B,T,H,P]; log_a [B,T,H]; Bm, Cm [B,T,N];
+    h0 [B,H,P,N] or None. Returns y [B,T,H,P] and the last state [B,H,P,N]."""
+    Bsz, T, H, P = X.shape
+    N = Bm.shape[-1]
+    h = h0 if h0 is not None else X.new_zeros(Bsz, H, P, N)
+    ys = []
+    for t in range(T):
+        h = torch.exp(log_a[:, t])[:, :, None, None] * h + X[:, t, :, :, None] * Bm[:, t, None, None, :]
+        ys.append((h * Cm[:, t, None, None, :]).sum(-1))
+    return torch.stack(ys, dim=1), h
+
+
+# --------------------------------------------------------------------------------------------
+# Mamba-1: chunked scan
+
+
+@lru_cache(maxsize=None)
+def _brent_kung_levels(L: int, reverse: bool) -> tuple[tuple[slice, slice, bool], ...]:
+    """(dst, src, update_coefficient) index pairs of an in-place inclusive Brent-Kung scan of
+    length L; with ``reverse`` the scan runs from the last position to the first."""
+    levels = []
+    s = 1
+    while 2 * s <= L:  # up-sweep: position i (= 2s-1 mod 2s) absorbs the block of size s before it
+        levels.append((range(2 * s - 1, L, 2 * s), s, 4 * s <= L))
+        s *= 2
+    s = 1
+    while 6 * s <= L:
+        s *= 2
+    while s >= 1:  # down-sweep: i (= 3s-1 mod 2s) absorbs the finished prefix ending at i - s
+        if 3 * s <= L:
+            levels.append((range(3 * s - 1, L, 2 * s), s, False))
+        s //= 2
+    out = []
+    for dst, s, upd in levels:
+        first, last = dst[0], dst[-1]
+        if reverse:  # mirror positions: p -> L-1-p; the partner is then s positions *later*
+            out.append((slice(L - 1 - last, L - first, dst.step), slice(L - 1 - last + s, L - first + s, dst.step), upd))
+        else:
+            out.append((slice(first, last + 1, dst.step), slice(first - s, last + 1 - s, dst.step), upd))
+    return tuple(out)
+
+
+def scan_(a: torch.Tensor | None, u: torch.Tensor, reverse: bool = False) -> torch.Tensor:
+    """In place along dim 1: u_t <- a_t u_{t-1} + u_t (``reverse``: u_t <- a_t u_{t+1} + u_t).
+    ``a`` (same shape as u, or None for a = 1) is overwritten with partial products."""
+    for dst, src, upd in _brent_kung_levels(u.shape[1], reverse):
+        if a is None:
+            u[:, dst] += u[:, src]
+        else:
+            u[:, dst].addcmul_(a[:, dst], u[:, src])
+            if upd:
+                a[:, dst] *= a[:, src]
+    return u
+
+
+def _decay(g, At, t0, t1, shape):
+    """Per-step decay a_t = exp(g_t A) for steps t0..t1 as [B,L,N,E]; None means a = 1."""
+    if At is None:
+        return None
+    if g is None:
+        return torch.exp(At).expand(shape).contiguous()
+    return torch.exp(g[:, t0:t1, None, :] * At)
+
+
+class _SelectiveScan(torch.autograd.Function):
+    # Internally the state is laid out [B, L, N, E] (E innermost) so every contraction over N
+    # or E runs over long contiguous rows.
+    @staticmethod
+    def forward(ctx, w, Bm, Cm, g, A, h0, chunk):
+        Bsz, T, E = w.shape
+        N = Bm.shape[-1]
+        At = A.t().contiguous() if A is not None else None  # [N,E]
+        h = h0.transpose(1, 2).contiguous() if h0 is not None else w.new_zeros(Bsz, N, E)
+        y = w.new_empty(Bsz, T, E)
+        starts = []
+        for t0 in range(0, T, chunk):
+            t1 = min(t0 + chunk, T)
+            starts.append(h)
+            u = Bm[:, t0:t1, :, None] * w[:, t0:t1, None, :]  # [B,L,N,E]
+            a = _decay(g, At, t0, t1, u.shape)
+            u[:, 0] += h if a is None else a[:, 0] * h  # fold the carried state into step t0
+            scan_(a, u)
+            y[:, t0:t1] = (Cm[:, t0:t1, None, :] @ u).squeeze(-2)
+            h = u[:, -1].clone()
+        ctx.chunk = chunk
+        ctx.has_h0 = h0 is not None
+        ctx.save_for_backward(w, Bm, Cm, g, At, torch.stack(starts, dim=1))
+        return y, h.transpose(1, 2)
+
+    @staticmethod
+    def backward(ctx, gy, gh_last):
+        w, Bm, Cm, g, At, starts = ctx.saved_tensors
+        chunk = ctx.chunk
+        T = w.shape[1]
+        gy = gy if gy is not None else torch.zeros_like(w)
+        carry = gh_last.transpose(1, 2) if gh_last is not None else torch.zeros_like(starts[:, 0])
+        gw, gB, gC = torch.empty_like(w), torch.empty_like(Bm), torch.empty_like(Cm)
+        gg = torch.empty_like(g) if g is not None else None
+        gAt = torch.zeros_like(At) if At is not None else None
+        for ci in reversed(range(starts.shape[1])):
+            t0 = ci * chunk
+            t1 = min(t0 + chunk, T)
+            h_start = starts[:, ci]
+            # recompute the chunk's states h_t
+            u = Bm[:, t0:t1, :, None] * w[:, t0:t1, None, :]
+            a = _decay(g, At, t0, t1, u.shape)
+            u[:, 0] += h_start if a is None else a[:, 0] * h_start
+            h = scan_(None if a is None else a.clone(), u)
+            # G_t = dL/dh_t = C_t gy_t + a_{t+1} G_{t+1}: a reverse scan with coefficients a_{t+1}
+            G = Cm[:, t0:t1, :, None] * gy[:, t0:t1, None, :]
+            G[:, -1] += carry
+            if a is None:
+                scan_(None, G, reverse=True)
+            else:
+                coef = torch.empty_like(a)
+                coef[:, :-1] = a[:, 1:]
+                coef[:, -1] = 1.0  # never multiplies anything; keep it finite
+                scan_(coef, G, reverse=True)
+            gw[:, t0:t1] = (Bm[:, t0:t1, None, :] @ G).squeeze(-2)
+            gB[:, t0:t1] = torch.einsum("blne,ble->bln", G, w[:, t0:t1])
+            gC[:, t0:t1] = torch.einsum("blne,ble->bln", h, gy[:, t0:t1])
+            if a is not None:
+                glog = G * a  # dL/d(log a_t) = G_t h_{t-1} a_t
+                glog[:, 1:] *= h[:, :-1]
+                glog[:, 0] *= h_start
+                if g is None:
+                    gAt += glog.sum((0, 1))
+                else:
+                    gg[:, t0:t1] = (glog * At).sum(2)
+                    gAt += (glog * g[:, t0:t1, None, :]).sum((0, 1))
+            carry = G[:, 0] if a is None else a[:, 0] * G[:, 0]
+        gA = gAt.t() if gAt is not None else None
+        return gw, gB, gC, gg, gA, (carry.transpose(1, 2) if ctx.has_h0 else None), None
+
+
+def selective_scan(w, Bm, Cm, g, A, h0=None, chunk_size: int = 64):
+    """Chunked Mamba-1 scan; same contract and results as ``selective_scan_ref``."""
+    return _SelectiveScan.apply(w, Bm, Cm, g, A, h0, chunk_size)
+
+
+# --------------------------------------------------------------------------------------------
+# Mamba-2: state space duality (SSD), chunked
+
+
+def segsum(x: torch.Tensor) -> torch.Tensor:
+    """x [..., L] -> [..., L, L] with out[i, j] = sum_{j < k <= i} x_k for j <= i, -inf above
+    the diagonal. Summing the masked steps (not differencing a cumsum) keeps it exact."""
+    L = x.shape[-1]
+    xx = x[..., :, None].expand(*x.shape, L)  # [..., k, j] = x_k
+    ones = torch.ones(L, L, dtype=torch.bool, device=x.device)
+    out = xx.masked_fill(~ones.tril(-1), 0).cumsum(-2)
+    return out.masked_fill(~ones.tril(0), float("-inf"))
+
+
+def ssd_chunked(X, log_a, Bm, Cm, h0=None, chunk_size: int = 64):
+    """Chunked SSD; same contract and results as ``ssd_ref``. Inside a chunk: the quadratic
+    (attention-like) form with the decay mask exp(segsum); between chunks: pass the state."""
+    Bsz, T, H, P = X.shape
+    N = Bm.shape[-1]
+    L = chunk_size
+    pad = (-T) % L
+    if pad:  # padded steps: no input, decay exp(0) = 1, so the final state is unchanged
+        X = torch.nn.functional.pad(X, (0, 0, 0, 0, 0, pad))
+        log_a = torch.nn.functional.pad(log_a, (0, 0, 0, pad))
+        Bm = torch.nn.functional.pad(Bm, (0, 0, 0, pad))
+        Cm = torch.nn.functional.pad(Cm, (0, 0, 0, pad))
+    nc = X.shape[1] // L
+    Xc = X.view(Bsz, nc, L, H, P).permute(0, 3, 1, 2, 4)  # [B,H,c,L,P]
+    la = log_a.view(Bsz, nc, L, H).permute(0, 3, 1, 2)  # [B,H,c,L]
+    Bc = Bm.view(Bsz, 1, nc, L, N)
+    Cc = Cm.view(Bsz, 1, nc, L, N)
+    cum = la.cumsum(-1)  # [B,H,c,L] log-decay from the chunk start through step t
+    # 1. within chunks: y_t = sum_{s<=t} (C_t . B_s) exp(sum_{s<k<=t} l_k) X_s
+    scores = Cc @ Bc.transpose(-1, -2)  # [B,1,c,L,L]
+    y = (scores * torch.exp(segsum(la))) @ Xc  # [B,H,c,L,P]
+    # 2. each chunk's own contribution to the state at its end
+    to_end = torch.exp(cum[..., -1:] - cum)  # [B,H,c,L]
+    chunk_states = (Xc * to_end[..., None]).transpose(-1, -2) @ Bc  # [B,H,c,P,N]
+    # 3. state passing between chunks (loop over chunks only)
+    chunk_decay = torch.exp(cum[..., -1])  # [B,H,c]
+    h = h0 if h0 is not None else X.new_zeros(Bsz, H, P, N)
+    starts = []
+    for c in range(nc):
+        starts.append(h)
+        h = chunk_decay[:, :, c, None, None] * h + chunk_states[:, :, c]
+    starts = torch.stack(starts, dim=2)  # [B,H,c,P,N]
+    # 4. contribution of the state entering each chunk
+    y = y + (Cc @ starts.transpose(-1, -2)) * torch.exp(cum)[..., None]  # [B,H,c,L,P]
+    y = y.permute(0, 2, 3, 1, 4).reshape(Bsz, nc * L, H, P)[:, :T]
+    return y, h
