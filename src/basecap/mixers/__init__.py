@@ -18,6 +18,7 @@ from .base import Mixer, MixerConfig, State, state_bytes
 _MIXERS: dict[str, str] = {
     "attention": "attention:Attention",
     "mamba1": "mamba1:Mamba1",
+    "mamba2": "mamba2:Mamba2",
     "deltanet": "deltanet:DeltaNet",
     "gated_deltanet": "gated_deltanet:GatedDeltaNet",
     "based": "based:Based",

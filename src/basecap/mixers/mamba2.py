@@ -1,0 +1,153 @@
+"""Mamba-2 mixer (Dao & Gu 2024, "Transformers are SSMs: Generalized Models and Efficient
+Algorithms Through Structured State Space Duality").
+
+x -> in_proj -> (z, x, B, C, dt); causal depthwise conv (d_conv=4) + SiLU over (x, B, C);
+multi-head SSM with one scalar decay per head, a_t = exp(dt_t A_h) (A_log per head, A
+initialised uniformly in [1, 16]), one group (B, C shared by all heads), D skip per head;
+gated RMSNorm norm(y * SiLU(z)) before out_proj. Defaults: expand 2, headdim 64, d_state 64,
+dt log-uniform in [1e-3, 1e-1] through the inverse-softplus bias (as Mamba-1).
+
+Ablation switches (PAPER.md section 4):
+- ``decay``: ``data_dependent`` (exp(dt_t A_h)), ``shared`` (exp(A_h softplus(dt_bias_h)), the
+  same for every input; dt_t still scales the input), ``none`` (a = 1, no A parameter).
+- ``short_conv``: with ``false`` the conv is dropped and only its SiLU is kept.
+- ``out_norm``: with ``false`` the gated RMSNorm becomes a plain y * SiLU(z).
+
+``impl="ref"`` runs the plain step-by-step recurrence; ``"chunked"``/``"auto"`` the chunked SSD
+algorithm of ``basecap.ops.ssm.ssd_chunked``. The backbone pairs Mamba-2 with no MLP
+(``default_mlp``). Equations: docs/mixers/mamba.md.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from pydantic import Field, model_validator
+from torch import nn
+
+from ..ops.short_conv import ShortConv
+from ..ops.ssm import ssd_chunked, ssd_ref
+from .base import Mixer, MixerConfig, State
+from .mamba1 import init_dt_bias
+
+
+class Mamba2Config(MixerConfig):
+    name: Literal["mamba2"] = "mamba2"
+    d_state: int = Field(64, gt=0)
+    headdim: int = Field(64, gt=0)
+    expand: int = Field(2, gt=0)
+    d_conv: int = Field(4, gt=0)
+    A_init_min: float = Field(1.0, gt=0)
+    A_init_max: float = Field(16.0, gt=0)
+    dt_min: float = Field(1e-3, gt=0)
+    dt_max: float = Field(1e-1, gt=0)
+    dt_init_floor: float = Field(1e-4, gt=0)
+    decay: Literal["data_dependent", "shared", "none"] = "data_dependent"
+    short_conv: bool = True
+    out_norm: bool = True
+    norm_eps: float = Field(1e-5, gt=0)
+    chunk_size: int = Field(64, gt=0)
+    impl: Literal["ref", "chunked", "auto"] = "auto"
+
+    @model_validator(mode="after")
+    def _check(self):
+        if self.dt_min > self.dt_max:
+            raise ValueError(f"dt_min ({self.dt_min}) must not exceed dt_max ({self.dt_max})")
+        if self.A_init_min > self.A_init_max:
+            raise ValueError(f"A_init_min ({self.A_init_min}) must not exceed A_init_max ({self.A_init_max})")
+        return self
+
+    def default_mlp(self) -> str:
+        return "none"
+
+
+class Mamba2(Mixer):
+    config_class = Mamba2Config
+    impls = ("ref", "chunked")
+    test_variants = [
+        {"headdim": 16, "d_state": 8},
+        {"headdim": 16, "d_state": 8, "decay": "shared"},
+        {"headdim": 16, "d_state": 8, "decay": "none"},
+        {"headdim": 16, "d_state": 8, "short_conv": False},
+        {"headdim": 16, "d_state": 8, "decay": "none", "short_conv": False},
+        {"headdim": 16, "d_state": 8, "out_norm": False},
+    ]
+
+    def __init__(self, d_model: int, cfg: Mamba2Config, layer_idx: int = 0, max_seq_len: int = 2048):
+        super().__init__(d_model, cfg, layer_idx, max_seq_len)
+        E, N, P = cfg.expand * d_model, cfg.d_state, cfg.headdim
+        if E % P:
+            raise ValueError(f"mamba2: expand * d_model = {E} must be a multiple of headdim = {P}")
+        H = E // P
+        self.d_inner, self.d_state, self.headdim, self.n_heads = E, N, P, H
+        self.in_proj = nn.Linear(d_model, 2 * E + 2 * N + H, bias=False)  # z, x, B, C, dt
+        self.conv = ShortConv(E + 2 * N, cfg.d_conv, activation=True) if cfg.short_conv else None
+        self.dt_bias = nn.Parameter(init_dt_bias(H, cfg.dt_min, cfg.dt_max, cfg.dt_init_floor))
+        self.dt_bias._no_weight_decay = True
+        if cfg.decay != "none":
+            A = torch.empty(H).uniform_(cfg.A_init_min, cfg.A_init_max)
+            self.A_log = nn.Parameter(torch.log(A))
+            self.A_log._no_weight_decay = True
+        self.D = nn.Parameter(torch.ones(H))
+        self.D._no_weight_decay = True
+        self.norm = nn.RMSNorm(E, eps=cfg.norm_eps) if cfg.out_norm else None
+        self.out_proj = nn.Linear(E, d_model, bias=False)
+
+    def forward(self, x: torch.Tensor, state: State | None = None):
+        cfg = self.cfg
+        Bsz, T, _ = x.shape
+        E, N, P, H = self.d_inner, self.d_state, self.headdim, self.n_heads
+        z, xBC, dt = self.in_proj(x).split([E, E + 2 * N, H], dim=-1)
+        conv_cache = None
+        if self.conv is not None:
+            xBC, conv_cache = self.conv(xBC, None if state is None else state["conv"])
+        else:
+            xBC = F.silu(xBC)
+        xs, Bm, Cm = xBC.split([E, N, N], dim=-1)
+        xs = xs.reshape(Bsz, T, H, P)
+        dt = F.softplus(dt + self.dt_bias)  # [B,T,H]
+        if cfg.decay == "data_dependent":
+            log_a = dt * -torch.exp(self.A_log)
+        elif cfg.decay == "shared":
+            log_a = (-torch.exp(self.A_log) * F.softplus(self.dt_bias)).expand(Bsz, T, H)
+        else:
+            log_a = dt.new_zeros(Bsz, T, H)
+        X = xs * dt[..., None]  # [B,T,H,P]
+        h0 = None if state is None else state["ssm"]
+        if cfg.impl == "ref":
+            y, h = ssd_ref(X, log_a, Bm, Cm, h0)
+        else:
+            y, h = ssd_chunked(X, log_a, Bm, Cm, h0, chunk_size=cfg.chunk_size)
+        y = (y + xs * self.D[:, None]).reshape(Bsz, T, E)
+        y = y * F.silu(z)
+        if self.norm is not None:
+            y = self.norm(y)
+        out = self.out_proj(y)
+        if state is None:
+            return out, None
+        new_state: State = {"ssm": h}
+        if conv_cache is not None:
+            new_state["conv"] = conv_cache
+        return out, new_state
+
+    def init_state(self, batch: int, device="cpu", dtype=torch.float32) -> State:
+        state: State = {"ssm": torch.zeros(batch, self.n_heads, self.headdim, self.d_state, device=device, dtype=dtype)}
+        if self.conv is not None:
+            state["conv"] = self.conv.init_cache(batch, device, dtype)
+        return state
+
+    def state_size(self, seq_len: int) -> int:
+        conv = self.conv.cache_bytes() if self.conv is not None else 0
+        return self.d_inner * self.d_state * 4 + conv
+
+    def flops_per_token(self, seq_len: int) -> float:
+        """FLOPs of the chunked SSD form per token (chunk C, one group): scores C.B over the
+        chunk (2 C N), the masked decay weights (2 C H), weights @ X (2 C E), chunk states X^T B
+        (2 E N) and their read-out C h (2 E N), plus conv, dt, D skip, gate and norm per
+        channel. The recurrent form (decoding) is about 5 E N per token."""
+        E, N, H = self.d_inner, self.d_state, self.n_heads
+        C = min(self.cfg.chunk_size, max(seq_len, 1))
+        conv = 2 * self.cfg.d_conv * (E + 2 * N) if self.conv is not None else 0
+        return float(2 * C * N + 2 * C * H + 2 * C * E + 4 * E * N + conv + 12 * E)
