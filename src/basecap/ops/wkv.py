@@ -109,29 +109,32 @@ def wkv6_chunked(r: Tensor, k: Tensor, v: Tensor, log_w: Tensor, u: Tensor,
     """Chunked form of :func:`wkv6_recurrent` (same arguments and results).
 
     RWKV-5/6 decays are unbounded (``w = exp(-exp(.))`` can be ~0), so a factorisation
-    ``(r e^{g_t}) . (k e^{-g_s})`` could overflow. Within a chunk the scores are therefore built
-    directly from ``exp(g_{t-1} - g_s) <= 1``, one lag ``t - s = 1 .. C-1`` at a time (each lag is
-    vectorised over all time steps; the loop runs C-1 times whatever T is). Across chunks every
-    factor is a decay from an earlier to a later point (<= 1)."""
+    ``(r e^{g_t}) . (k e^{-g_s})`` could overflow, and a difference of two cumulative sums loses
+    the small decay between nearby tokens once a huge one came earlier. Every exponent here is a
+    sum of the log decays it spans (all <= 0, no cancellation): within a chunk the scores are
+    built one lag ``t - s = 1 .. C-1`` at a time with a running window sum (each lag vectorised
+    over all time steps; the loop runs C-1 times whatever T is); across chunks prefix/suffix sums."""
     B, T, H, K = r.shape
     V = v.shape[-1]
     C = chunk_size
     r_, k_, v_, lw = (_to_chunks(t, C) for t in (r, k, v, log_w))  # [B, H, N, C, *]
-    g = lw.cumsum(3)  # log decay from the chunk start through t
-    ge = g - lw  # ... through t-1: what the state read at step t has been decayed by
     bonus = (r_ * _f32(u)[None, :, None, None, :] * k_).sum(-1)  # current token, [B, H, N, C]
     scores = torch.diag_embed(bonus)  # [B, H, N, C(t), C(s)]
+    window = lw.new_zeros(lw[..., 1:, :].shape)  # sum of log_w over (s, t-1], for t = s + lag
     for lag in range(1, C):
-        s_lag = (r_[..., lag:, :] * k_[..., :-lag, :] * (ge[..., lag:, :] - g[..., :-lag, :]).exp()).sum(-1)
+        if lag > 1:
+            window = window[..., 1:, :] + lw[..., 1 : C - lag + 1, :]
+        s_lag = (r_[..., lag:, :] * k_[..., :-lag, :] * window.exp()).sum(-1)
         scores = scores + torch.diag_embed(s_lag, offset=-lag)
     y = scores @ v_
 
-    g_end = g[..., -1:, :]  # [B, H, N, 1, K]
-    chunk_kv = (k_ * (g_end - g).exp()).transpose(-1, -2) @ v_  # [B, H, N, K, V]
-    chunk_decay = g_end.exp().transpose(-1, -2)  # [B, H, N, K, 1]
+    before = F.pad(lw.cumsum(3)[..., :-1, :], (0, 0, 1, 0))  # chunk start .. t-1
+    after = F.pad(lw.flip(3).cumsum(3).flip(3)[..., 1:, :], (0, 0, 0, 1))  # s+1 .. chunk end
+    chunk_kv = (k_ * after.exp()).transpose(-1, -2) @ v_  # [B, H, N, K, V]
+    chunk_decay = lw.sum(3, keepdim=True).exp().transpose(-1, -2)  # [B, H, N, K, 1]
     S0 = _initial_state(state, B, H, K, V, r_)
     S_in, S_last = _chunk_scan(lambda S, d, kv: torch.addcmul(kv, d, S), S0, chunk_decay, chunk_kv)
-    y = y + (r_ * ge.exp()) @ S_in
+    y = y + (r_ * before.exp()) @ S_in
     return _from_chunks(y, T), S_last
 
 
