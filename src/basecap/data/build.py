@@ -206,8 +206,9 @@ def _build_into(out: Path, recipe: RecipeConfig, prepared: list[PreparedSource],
         tok_info = {"kind": "file", "source_path": str(tcfg.path)}
     vocab = tok.get_vocab_size()
     dtype = np.uint16 if vocab <= 65535 else np.uint32
-    tok_info.update(vocab_size=vocab, eot_token=tcfg.eot_token if not isinstance(tcfg, BPETokenizerConfig) else EOT,
-                    eot_id=eot_id, sha256=hashlib.sha256((out / "tokenizer.json").read_bytes()).hexdigest())
+    eot_token = EOT if isinstance(tcfg, BPETokenizerConfig) else tcfg.eot_token
+    tok_info.update(vocab_size=vocab, eot_token=eot_token, eot_id=eot_id,
+                    sha256=hashlib.sha256((out / "tokenizer.json").read_bytes()).hexdigest())
 
     (out / "tokens").mkdir()
     domains_info, doc_rows = {}, []
