@@ -280,3 +280,32 @@ def test_truncated_zst_warns_counts_and_keeps_building(tmp_path):
     src = {s["id"]: s for s in corpus.manifest["sources"]}["pajama"]
     assert src["unreadable_files"] == 1 and src["files"] == 2
     assert shard.read_bytes() == good and src["documents_read"] >= 40
+
+
+def test_tokenizer_from_file_and_wide_vocab(tiny, tmp_path):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    from basecap.config_base import ConfigError
+
+    _, data, _, corpus = tiny
+    raw = tiny_recipe(data)
+    raw["tokenizer"] = {"kind": "file", "path": str(corpus.tokenizer_path)}
+    reuse = build_corpus(recipe_from_dict(raw), home=tmp_path / "home", log=_quiet)
+    assert reuse.eot_id == corpus.eot_id and reuse.vocab_size == corpus.vocab_size
+    # same text, same tokenizer: the same shards as the corpus that trained it
+    assert np.array_equal(reuse.tokens("code", "train"), corpus.tokens("code", "train"))
+
+    vocab = {f"w{i}": i for i in range(70_000)} | {"[UNK]": 70_000, "<|endoftext|>": 70_001}
+    wide = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    wide.pre_tokenizer = pre_tokenizers.Whitespace()
+    wide.save(str(tmp_path / "wide.json"))
+    raw["tokenizer"] = {"path": str(tmp_path / "wide.json")}
+    big = build_corpus(recipe_from_dict(raw), home=tmp_path / "home", log=_quiet)
+    assert big.dtype == np.uint32 and big.tokens("prose", "train").dtype == np.uint32
+    assert big.eot_id == 70_001 and big.tokens("prose", "train")[-1] == 70_001
+
+    del vocab["<|endoftext|>"]
+    Tokenizer(models.WordLevel(vocab, unk_token="[UNK]")).save(str(tmp_path / "noeot.json"))
+    raw["tokenizer"] = {"path": str(tmp_path / "noeot.json")}
+    with pytest.raises(ConfigError, match="has no token"):
+        build_corpus(recipe_from_dict(raw), home=tmp_path / "home", log=_quiet)
