@@ -116,7 +116,7 @@ def wkv6_chunked(r: Tensor, k: Tensor, v: Tensor, log_w: Tensor, u: Tensor,
     over all time steps; the loop runs C-1 times whatever T is); across chunks prefix/suffix sums."""
     B, T, H, K = r.shape
     V = v.shape[-1]
-    C = chunk_size
+    C = min(chunk_size, T)  # a short input (decoding) is one chunk of its own length
     r_, k_, v_, lw = (_to_chunks(t, C) for t in (r, k, v, log_w))  # [B, H, N, C, *]
     bonus = (r_ * _f32(u)[None, :, None, None, :] * k_).sum(-1)  # current token, [B, H, N, C]
     scores = torch.diag_embed(bonus)  # [B, H, N, C(t), C(s)]
@@ -165,7 +165,7 @@ def wkv7_chunked(r: Tensor, log_w: Tensor, k: Tensor, v: Tensor, a: Tensor, b: T
     ``exp(C/2 * max|log w|)``: RWKV-7 bounds ``|log w| <= exp(-0.5)``, i.e. <= e^19.4 at C = 64."""
     B, T, H, K = r.shape
     V = v.shape[-1]
-    C = chunk_size
+    C = min(chunk_size, T)  # a short input (decoding) is one chunk of its own length
     r_, k_, v_, a_, b_, lw = (_to_chunks(t, C) for t in (r, k, v, a, b, log_w))  # [B, H, N, C, *]
     g = lw.cumsum(3)  # decay from the chunk start through t (the output reads S_t)
     ge = g - lw  # ... through t-1 (u_t reads S_{t-1})
