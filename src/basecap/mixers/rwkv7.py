@@ -85,10 +85,11 @@ class RWKV7(Mixer):
         self.r_k = nn.Parameter(torch.full((H, K), -0.04))
 
         self.r_proj, self.k_proj, self.v_proj, self.o_proj = (nn.Linear(D, D, bias=False) for _ in range(4))
-        for proj, bound in ((self.r_proj, 0.5), (self.k_proj, 0.05), (self.v_proj, 0.5)):
-            nn.init.uniform_(proj.weight, -bound / D**0.5, bound / D**0.5)
+        for proj, scale in ((self.r_proj, 1.0), (self.k_proj, 0.1), (self.v_proj, 1.0)):
+            orthogonal_init_(proj.weight, scale)
             proj.weight._no_reinit = True
         self.ln_x = nn.GroupNorm(H, D, eps=64e-5)
+        nn.init.constant_(self.ln_x.weight, ((1 + min(layer_idx, cfg.init_n_layers - 1)) / cfg.init_n_layers) ** 0.7)
         self.ln_x._no_reinit = True
         for p in (self.mix, self.w0, self.w1, self.w2, self.a0, self.a1, self.a2, self.g1, self.g2,
                   self.k_k, self.k_a, self.r_k):

@@ -45,10 +45,7 @@ class RWKVChannelMix(nn.Module):
         self.mix_k = nn.Parameter(1.0 - ddd**power)
         self.up = nn.Linear(d_model, hidden, bias=False)
         self.down = nn.Linear(hidden, d_model, bias=False)  # the backbone's scaled residual init
-        if cfg.version == 7:
-            nn.init.uniform_(self.up.weight, -0.5 / d_model**0.5, 0.5 / d_model**0.5)
-        else:
-            orthogonal_init_(self.up.weight, 1.0)
+        orthogonal_init_(self.up.weight, 1.0)
         special = [self.mix_k, self.up.weight]
         self.receptance = None
         if cfg.version != 7:
