@@ -12,15 +12,9 @@ import torch
 
 from basecap.config_base import ConfigError
 from basecap.mixers import build_mixer, parse_mixer_config
-from basecap.mixers.based import (
-    taylor_attn_recurrent,
-    taylor_features,
-    taylor_kernel,
-    window_attention_blocked,
-    window_attention_dense,
-)
+from basecap.mixers.based import taylor_attn_recurrent, window_attention_blocked, window_attention_dense
 from basecap.ops.delta_rule import delta_rule_chunked, delta_rule_recurrent, l2_normalize
-from basecap.ops.linear_attn import linear_attn_chunked
+from basecap.ops.linear_attn import taylor_features, taylor_kernel, taylor_linear_attn_chunked
 
 
 def rel(a, b):
@@ -92,28 +86,45 @@ def test_based_linear_attention_matches_fla():
     o_ref = naive.naive_parallel_based(q, k, v, use_norm=True)  # (1 + s + s^2/2)-weighted average, s = q.k/4
     o_rec, _, _ = taylor_attn_recurrent(q, k, v)
     v1 = torch.cat([v, torch.ones_like(v[..., :1])], dim=-1)
-    o_ch, _ = linear_attn_chunked(q, k, v1, taylor_features, taylor_kernel, chunk_size=16)
+    o_ch, _ = taylor_linear_attn_chunked(q, k, v1, chunk_size=16)
     assert rel(o_rec, o_ref) < 1e-5
     assert rel(o_ch[..., :8] / o_ch[..., 8:], o_ref) < 1e-5
 
 
-def test_linear_attention_chunked_matches_fla_recurrent():
+@pytest.mark.parametrize("chunk", [1, 8, 64])
+def test_taylor_linear_attention_matches_fla_recurrent(chunk):
+    """Unnormalised, with an initial state, gradients included: fla's plain linear-attention
+    recurrence on explicit Taylor features is the oracle for the feature-free chunked form."""
     naive = fla_naive("linear_attn/naive.py")
     g = torch.Generator().manual_seed(3)
-    q, k, v = (torch.randn(2, 41, 2, d, generator=g) for d in (6, 6, 5))  # [B, T, H, D]
-    S0 = torch.randn(2, 2, 6, 5, generator=g)
-    o_ref, S_ref = naive.naive_recurrent_linear_attn(q, k, v, scale=1.0, initial_state=S0, output_final_state=True)
-    bhtd = lambda t: t.transpose(1, 2)  # noqa: E731
-    for chunk in (1, 8, 64):
-        o, S = linear_attn_chunked(bhtd(q), bhtd(k), bhtd(v), lambda x: x, chunk_size=chunk, state=S0)
-        assert rel(bhtd(o), o_ref) < 1e-5 and rel(S, S_ref) < 1e-5
+    q, k, v = (torch.randn(2, 2, 41, d, generator=g) for d in (4, 4, 5))
+    S0 = torch.randn(2, 2, 1 + 4 + 16, 5, generator=g)
+    go = torch.randn(2, 2, 41, 5, generator=g)
+    bthd = lambda t: t.transpose(1, 2)  # noqa: E731  fla takes [B, T, H, D]
+
+    def run(fn):
+        leaves = [t.clone().requires_grad_() for t in (q, k, v, S0)]
+        o, S = fn(*leaves)
+        grads = torch.autograd.grad((o * go).sum() + (S * S).sum(), leaves)
+        return o, S, grads
+
+    def ref(q, k, v, S0):
+        o, S = naive.naive_recurrent_linear_attn(bthd(taylor_features(q)), bthd(taylor_features(k)), bthd(v), scale=1.0,
+                                                 initial_state=S0, output_final_state=True)
+        return bthd(o), S
+
+    o_ref, S_ref, g_ref = run(ref)
+    o, S, grads = run(lambda q, k, v, S0: taylor_linear_attn_chunked(q, k, v, chunk_size=chunk, state=S0))
+    assert rel(o, o_ref) < 1e-5 and rel(S, S_ref) < 1e-5
+    for a, b in zip(grads, g_ref):
+        assert rel(a, b) < 1e-5
 
 
 def test_taylor_features_inner_product():
     g = torch.Generator().manual_seed(4)
     q, k = torch.randn(5, 16, generator=g), torch.randn(7, 16, generator=g)
     s = q @ k.T / 4.0
-    assert taylor_features(q).shape[-1] == 1 + 16 + 16 * 17 // 2
+    assert taylor_features(q).shape[-1] == 1 + 16 + 16 * 16
     assert rel(taylor_features(q) @ taylor_features(k).T, 1 + s + s * s / 2) < 1e-6
     assert rel(taylor_kernel(q, k), 1 + s + s * s / 2) < 1e-6
 
@@ -154,7 +165,7 @@ def test_defaults_follow_papers():
     dn = build_mixer(parse_mixer_config({"name": "deltanet"}), 192)
     assert (dn.n_heads, dn.head_dim) == (3, 64)
     based = build_mixer(parse_mixer_config({"name": "based"}), 1024)
-    assert (based.n_heads, based.feature_dim, based.value_dim, based.n_features) == (16, 16, 64, 153)
+    assert (based.n_heads, based.feature_dim, based.value_dim, based.n_features) == (16, 16, 64, 273)
     assert based.cfg.window == 64 and based.w_heads == 16
 
 

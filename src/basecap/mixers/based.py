@@ -4,9 +4,8 @@ recall-throughput tradeoff", arXiv 2402.18668): Taylor linear attention + slidin
 Linear branch (per head, feature_dim d = 16, value dim d_model / n_heads, no positions):
 phi(x) = [1, x / d^(1/4), vec(x x^T) / (sqrt(2) sqrt(d))], so phi(q).phi(k) = 1 + s + s^2/2 with
 s = q.k / sqrt(d), the 2nd-order Taylor expansion of exp(s); outputs are normalised,
-o_t = sum_s phi(q_t).phi(k_s) v_s / (sum_s phi(q_t).phi(k_s) + eps). phi keeps each symmetric
-pair x_i x_j (i < j) once, scaled by sqrt(2): same inner products with 1 + d + d(d+1)/2 features
-instead of 1 + d + d^2.
+o_t = sum_s phi(q_t).phi(k_s) v_s / (sum_s phi(q_t).phi(k_s) + eps). The state holds
+KV = sum_s phi(k_s) v_s^T and z = sum_s phi(k_s) with 1 + d + d^2 features, as in the original code.
 
 Window branch: softmax attention with RoPE in which each query sees its last ``window`` keys
 (itself included), head_dim 64.
@@ -28,7 +27,7 @@ import torch.nn.functional as F
 from pydantic import Field
 from torch import nn
 
-from ..ops.linear_attn import linear_attn_chunked
+from ..ops.linear_attn import taylor_features, taylor_linear_attn_chunked
 from .attention import apply_rope, rope_tables
 from .base import Mixer, MixerConfig, State
 
@@ -44,19 +43,6 @@ class BasedConfig(MixerConfig):
     eps: float = Field(1e-12, gt=0)
     chunk_size: int = Field(64, gt=0)
     impl: Literal["ref", "chunked", "auto"] = "auto"
-
-
-def taylor_features(x: torch.Tensor) -> torch.Tensor:
-    """``[..., d] -> [..., 1 + d + d(d+1)/2]`` with phi(q).phi(k) = 1 + s + s^2 / 2, s = q.k / sqrt(d)."""
-    d = x.shape[-1]
-    i, j = torch.triu_indices(d, d, offset=1, device=x.device)
-    second = torch.cat([x * x / math.sqrt(2 * d), x[..., i] * x[..., j] / math.sqrt(d)], dim=-1)
-    return torch.cat([torch.ones_like(x[..., :1]), x / d**0.25, second], dim=-1)
-
-
-def taylor_kernel(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
-    s = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
-    return 1 + s + 0.5 * s * s
 
 
 def taylor_attn_recurrent(q, k, v, kv=None, z=None, eps: float = 1e-12):
@@ -137,7 +123,7 @@ class Based(Mixer):
             if d_model % cfg.n_heads:
                 raise ValueError(f"based: d_model={d_model} must be divisible by n_heads={cfg.n_heads}")
             self.n_heads, self.feature_dim, self.value_dim = cfg.n_heads, cfg.feature_dim, d_model // cfg.n_heads
-            self.n_features = 1 + cfg.feature_dim + cfg.feature_dim * (cfg.feature_dim + 1) // 2
+            self.n_features = 1 + cfg.feature_dim + cfg.feature_dim**2
             self.q_proj = nn.Linear(d_model, cfg.n_heads * cfg.feature_dim, bias=False)
             self.k_proj = nn.Linear(d_model, cfg.n_heads * cfg.feature_dim, bias=False)
             self.v_proj = nn.Linear(d_model, d_model, bias=False)
@@ -161,7 +147,7 @@ class Based(Mixer):
         else:
             v1 = torch.cat([v, torch.ones_like(v[..., :1])], dim=-1)  # last column -> normaliser
             S0 = None if state is None else torch.cat([kv0, z0[..., None]], dim=-1)
-            o, S = linear_attn_chunked(q, k, v1, taylor_features, taylor_kernel, self.cfg.chunk_size, S0)
+            o, S = taylor_linear_attn_chunked(q, k, v1, self.cfg.chunk_size, S0)
             o, kv, z = o[..., :V] / (o[..., V:] + self.cfg.eps), S[..., :V], S[..., V]
         if state is not None:
             new_state["kv"], new_state["z"] = kv, z
