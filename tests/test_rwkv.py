@@ -15,6 +15,7 @@ import torch.nn.functional as F
 
 from basecap.config_base import ConfigError
 from basecap.mixers import build_mixer, mlp_class, parse_mixer_config, parse_mlp_config, state_bytes
+from basecap.mixers.rwkv7 import _lora_rank
 from basecap.model import LM, ModelConfig
 from basecap.ops.wkv import token_shift, wkv6_chunked, wkv6_recurrent, wkv7_chunked, wkv7_recurrent
 
@@ -223,8 +224,9 @@ def test_paper_inits_and_ramps():
     assert first.mix_x.mean() > last.mix_x.mean()  # mix = share of x_{t-1}: 1 - ddd**ratio shrinks with depth
     b5 = make("rwkv5", layer_idx=0).bonus.detach().flatten()
     assert set((b5 * 10).round().tolist()) == {-1.0, 0.0, 1.0} and torch.allclose(b5 * 10, (b5 * 10).round())
-    r7 = make("rwkv7", d_model=768, head_size=64, decay_lora_rank=None, a_lora_rank=None, gate_lora_rank=None)
-    assert r7.w1.shape == (768, 64) and r7.a1.shape == (768, 64) and r7.g1.shape == (768, 128)
+    assert (_lora_rank(768, 2.5), _lora_rank(768, 5.0)) == (64, 128)  # the paper's 0.1B model
+    r7 = make("rwkv7", d_model=64, head_size=16, decay_lora_rank=None, a_lora_rank=None, gate_lora_rank=None)
+    assert r7.w1.shape == (64, 32) and r7.a1.shape == (64, 32) and r7.g1.shape == (64, 32)
 
 
 @pytest.mark.parametrize("name", sorted(MIXERS))

@@ -11,8 +11,9 @@ RWKV-7 ("wkv7"), generalised delta rule with ``a = -kappa_hat``, ``b = kappa_hat
     S_t = diag(w_t) S_{t-1} + b_t (a_t^T S_{t-1}) + k_t v_t^T,     y_t = r_t^T S_t
 
 Chunked forms: inside a chunk of C tokens the decays are cumulative sums of ``log_w``; chunks
-hand their state to the next (a Python loop over T/C chunks, never over time steps). Every
-exponent is a difference of cumulative log decays; see each function for how overflow is avoided.
+hand their state to the next (a Python loop over T/C chunks, never over time steps). RWKV-5/6
+exponents are sums of exactly the log decays they span (their decay is unbounded); RWKV-7's are
+referenced to the chunk midpoint (its decay is bounded); see each function.
 
 Also here: the token shift and the depth-ramp / orthogonal initialisers the RWKV blocks share.
 """
@@ -156,7 +157,7 @@ def wkv7_recurrent(r: Tensor, log_w: Tensor, k: Tensor, v: Tensor, a: Tensor, b:
 
 
 def wkv7_chunked(r: Tensor, log_w: Tensor, k: Tensor, v: Tensor, a: Tensor, b: Tensor,
-                 state: Tensor | None = None, chunk_size: int = 16) -> tuple[Tensor, Tensor]:
+                 state: Tensor | None = None, chunk_size: int = 32) -> tuple[Tensor, Tensor]:
     """Chunked (WY-style) form of :func:`wkv7_recurrent` (same arguments and results).
 
     Inside a chunk, ``u_t = a_t^T S_{t-1}`` solves a unit lower-triangular system, after which
@@ -168,7 +169,7 @@ def wkv7_chunked(r: Tensor, log_w: Tensor, k: Tensor, v: Tensor, a: Tensor, b: T
     C = min(chunk_size, T)  # a short input (decoding) is one chunk of its own length
     r_, k_, v_, a_, b_, lw = (_to_chunks(t, C) for t in (r, k, v, a, b, log_w))  # [B, H, N, C, *]
     g = lw.cumsum(3)  # decay from the chunk start through t (the output reads S_t)
-    ge = g - lw  # ... through t-1 (u_t reads S_{t-1})
+    ge = F.pad(g[..., :-1, :], (0, 0, 1, 0))  # ... through t-1 (u_t reads S_{t-1})
     mid = g[..., C // 2 : C // 2 + 1, :]
     from_mid = (mid - g).exp()
     keys = torch.cat([k_ * from_mid, b_ * from_mid], -2)  # [B, H, N, 2C, K]
@@ -180,7 +181,7 @@ def wkv7_chunked(r: Tensor, log_w: Tensor, k: Tensor, v: Tensor, a: Tensor, b: T
     A_ak, A_ab = P[..., C:, :C] * before, P[..., C:, C:] * before
 
     # u = (a e^{ge}) S_in + A_ak v + A_ab u  =>  u = W S_in + U
-    eye = torch.eye(C, device=r.device)
+    eye = torch.eye(C, device=r.device, dtype=r_.dtype)
     rhs = torch.cat([a_ * ge.exp(), A_ak @ v_], -1)
     WU = torch.linalg.solve_triangular(eye - A_ab, rhs, upper=False, unitriangular=True)
     W, U = WU[..., :K], WU[..., K:]
