@@ -62,6 +62,8 @@ def fill_prompt(encode: Callable[[str], list[int]], prefix: str, needle: str, qu
     if not 0.0 <= depth <= 1.0:
         raise ValueError(f"depth must be in [0, 1], got {depth}")
     fixed = len(encode(f"{prefix}\n{needle}\n{question}"))
+    if fixed > length:
+        raise ValueError(f"a prompt without haystack already has {fixed} tokens, more than length={length}")
     budget = length - fixed
     hay: list[str] = []
     used = 0

@@ -1,0 +1,171 @@
+"""One entry point for the task suites: ``run_suite(run_dir, suite, out_dir=None, **options)``.
+
+Suites: ``lm-eval`` (lm-evaluation-harness tasks through the ``basecap`` model class), ``mqar``
+(Zoology multi-query associative recall), ``passkey`` and ``niah`` (long-context retrieval),
+``recall`` (SWDE/FDA/SQuAD-style and built-in structured extraction) and ``extrapolation`` (loss
+per position beyond the training length). Each writes ``eval_<suite>.json`` (and its PNGs) into
+``out_dir`` (default: the run directory) and returns the same dict. Every suite is deterministic
+given its ``seed`` option.
+
+``run_dir`` may also be a ``Subject`` (a model with its tokenizer and corpus already in memory),
+which is how the tests and notebooks evaluate a model that has no run directory.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+SUITES = {"lm-eval", "mqar", "passkey", "niah", "recall", "extrapolation"}
+
+_RUNNERS = {
+    "lm-eval": "harness:lm_eval_suite",
+    "mqar": "recall:mqar_suite",
+    "passkey": "longctx:passkey_suite",
+    "niah": "longctx:niah_suite",
+    "recall": "recall:recall_suite",
+    "extrapolation": "longctx:extrapolation_suite",
+}
+
+
+@dataclass
+class Subject:
+    """What a suite evaluates: a model, its tokenizer and (optionally) its corpus and run."""
+
+    model: torch.nn.Module
+    tokenizer: Any = None  # tokenizers.Tokenizer
+    eot_id: int | None = None
+    corpus: Any = None
+    seq_len: int | None = None  # the training context length (default: model max_seq_len)
+    run_dir: Path | None = None
+    config: Any = None  # RunConfig when loaded from a run
+    name: str = "model"
+    info: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        if self.seq_len is None:
+            self.seq_len = self.model.cfg.max_seq_len
+        if self.eot_id is None and self.corpus is not None:
+            self.eot_id = self.corpus.eot_id
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=False).ids
+
+    def decode(self, ids) -> str:
+        return self.tokenizer.decode([int(i) for i in ids], skip_special_tokens=False)
+
+    def max_positions(self) -> int | None:
+        """Longest input the model accepts: max_seq_len with learned absolute positions, else None."""
+        return self.model.cfg.max_seq_len if getattr(self.model, "abs_pos", None) is not None else None
+
+
+def load_subject(run_dir: str | Path, corpus=None, log=print) -> Subject:
+    """A run directory's newest good checkpoint with its corpus and tokenizer."""
+    from .final import load_trained
+
+    model, cfg, corpus, ckpt = load_trained(run_dir, corpus, log)
+    return Subject(model=model, tokenizer=corpus.tokenizer, eot_id=corpus.eot_id, corpus=corpus, seq_len=cfg.data.seq_len,
+                   run_dir=Path(run_dir), config=cfg, name=cfg.run_id, info={"checkpoint": Path(ckpt).name})
+
+
+@torch.no_grad()
+def greedy_generate(subject: Subject, prompts: list[list[int]], max_new_tokens: int, stop: tuple[str, ...] = (),
+                    stop_at_eot: bool = True, batch_size: int = 8) -> list[str]:
+    """Greedy continuations of token-id prompts, decoded and cut at the first stop string.
+
+    Stateful decoding: prompts of equal length are prefilled together, then advanced one token
+    at a time with the mixer states (no padding ever enters a recurrent state).
+    """
+    model = subject.model
+    was_training = model.training
+    model.eval()
+    dev = subject.device
+    out: list[str | None] = [None] * len(prompts)
+    by_len: dict[int, list[int]] = {}
+    for i, p in enumerate(prompts):
+        if not p:
+            raise ValueError("greedy_generate: empty prompt (prepend the end-of-text id)")
+        by_len.setdefault(len(p), []).append(i)
+    batches = [v[s:s + batch_size] for v in by_len.values() for s in range(0, len(v), batch_size)]
+    for idxs in batches:
+        x = torch.tensor([prompts[i] for i in idxs], dtype=torch.long, device=dev)
+        state = model.init_state(len(idxs), dev)
+        logits, state = model(x, state)
+        gen: list[list[int]] = [[] for _ in idxs]
+        done = [False] * len(idxs)
+        for _ in range(max_new_tokens):
+            nxt = logits[:, -1].float().argmax(-1)  # [B]
+            for r, t in enumerate(nxt.tolist()):
+                if done[r]:
+                    continue
+                if stop_at_eot and subject.eot_id is not None and t == subject.eot_id:
+                    done[r] = True
+                    continue
+                gen[r].append(t)
+                if stop and any(s in subject.decode(gen[r]) for s in stop):
+                    done[r] = True
+            if all(done):
+                break
+            logits, state = model(nxt[:, None], state)
+        for r, i in enumerate(idxs):
+            out[i] = cut_at_stop(subject.decode(gen[r]), stop)
+    model.train(was_training)
+    return out  # type: ignore[return-value]
+
+
+def cut_at_stop(text: str, stop: tuple[str, ...] | list[str]) -> str:
+    cut = len(text)
+    for s in stop:
+        j = text.find(s)
+        if j != -1:
+            cut = min(cut, j)
+    return text[:cut]
+
+
+def write_json(path: Path, obj: dict) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(obj, indent=1, default=str))
+    os.replace(tmp, path)
+    return path
+
+
+def run_suite(run_dir, suite: str, out_dir: str | Path | None = None, **options) -> dict:
+    """Run one suite on a run directory (or a ``Subject``); write and return ``eval_<suite>.json``."""
+    import importlib
+
+    from ..config_base import ConfigError
+
+    if suite not in SUITES:
+        raise ConfigError(f"unknown suite {suite!r}; allowed: {', '.join(sorted(SUITES))}")
+    mod, fn_name = _RUNNERS[suite].split(":")
+    fn = getattr(importlib.import_module(f"{__package__}.{mod}"), fn_name)
+    allowed = [p for p in inspect.signature(fn).parameters if p not in ("subject", "out_dir")]
+    bad = sorted(set(options) - set(allowed))
+    if bad:
+        raise ConfigError(f"suite {suite!r}: unknown option(s) {bad}; allowed: {', '.join(allowed)}")
+    subject = run_dir if isinstance(run_dir, Subject) else None
+    if out_dir is None:
+        base = subject.run_dir if subject is not None else run_dir
+        if base is None:
+            raise ValueError("out_dir is required when evaluating a Subject without a run directory")
+        out_dir = base
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    t0 = time.time()
+    subject = subject or load_subject(run_dir)
+    res = fn(subject, out_dir=out_dir, **options)
+    res = {"suite": suite, "model": subject.name, **subject.info, "seconds": round(time.time() - t0, 2), **res}
+    write_json(out_dir / f"eval_{suite}.json", res)
+    return res
