@@ -27,7 +27,7 @@ from ..ops.wkv import depth_ratios, orthogonal_init_, token_shift
 class RWKVChannelMixConfig(Strict):
     name: Literal["rwkv_cmix"] = "rwkv_cmix"
     version: Literal[5, 6, 7] = 6
-    hidden_mult: float | None = Field(None, gt=0, description="hidden = mult * d_model, rounded down to a multiple of 32; default 3.5 (v5/6) or 4 (v7)")
+    hidden_mult: float | None = Field(None, gt=0, description="hidden = mult * d_model, rounded to a multiple of 8; default 3.5 (v5/6) or 4 (v7)")
     init_n_layers: int = Field(12, gt=0, description="depth the init ramps assume (the block is not told the model's n_layers)")
 
 
@@ -38,7 +38,7 @@ class RWKVChannelMix(nn.Module):
         super().__init__()
         self.cfg, self.d_model = cfg, d_model
         mult = cfg.hidden_mult or (4.0 if cfg.version == 7 else 3.5)
-        hidden = max(32, int(mult * d_model) // 32 * 32)
+        hidden = max(8, int(round(mult * d_model / 8)) * 8)  # RWKV floors to 32: the same for d_model % 64 == 0
         _, ratio_1_to_almost0 = depth_ratios(layer_idx, cfg.init_n_layers)
         ddd = torch.arange(d_model) / d_model
         power = ratio_1_to_almost0**4 if cfg.version == 7 else ratio_1_to_almost0
