@@ -1,0 +1,223 @@
+"""``basecap plan EXPERIMENT``: size every run of an experiment before renting GPUs.
+
+Each run's model is built on the meta device (no memory, no compute) and read for parameter counts
+and FLOPs per token; memory per GPU and wall time follow from the formulas in docs/scaling.md:
+model states (fp32 weights, gradients and AdamW moments: 16 bytes/param, sharded over the GPUs with
+FSDP), communication buffers, activations of one micro-batch under bf16 autocast, and a fixed reserve;
+time = training FLOPs / (GPUs x peak bf16 FLOP/s x MFU).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from .config import RunConfig, load_experiment
+from .config_base import ConfigError
+
+# dense bf16 peak (TFLOP/s, no sparsity) and memory (GiB) per GPU
+GPUS: dict[str, dict[str, float]] = {
+    "A100-40GB": {"tflops": 312, "mem_gib": 40},
+    "A100-80GB": {"tflops": 312, "mem_gib": 80},
+    "H100-80GB": {"tflops": 989, "mem_gib": 80},
+    "H200-141GB": {"tflops": 989, "mem_gib": 141},
+    "L40S-48GB": {"tflops": 362, "mem_gib": 48},
+}
+GPU_ALIASES = {"A100": "A100-80GB", "H100": "H100-80GB", "H200": "H200-141GB", "L40S": "L40S-48GB"}
+
+MODEL_STATE_BYTES = 16  # fp32 weights 4 + grads 4 + AdamW exp_avg 4 + exp_avg_sq 4
+DDP_BUCKET_BYTES = 4  # DDP's flat fp32 gradient buckets (gradient_as_bucket_view=False)
+RESERVE_GIB = 2.0  # CUDA context, cuBLAS/NCCL workspaces, allocator slack
+DEFAULT_CHUNK = 64
+GiB = 2**30
+
+
+def gpu_spec(gpu: str) -> tuple[str, dict[str, float]]:
+    name = GPU_ALIASES.get(gpu.upper(), gpu)
+    for known, spec in GPUS.items():
+        if known.upper() == name.upper():
+            return known, spec
+    raise ConfigError(f"--gpu-type: unknown GPU {gpu!r}; allowed: {', '.join(GPUS)} (or {', '.join(GPU_ALIASES)})")
+
+
+def _vocab(rc: RunConfig) -> tuple[int, str]:
+    """The vocabulary the run will train with: an explicit model.vocab_size, else the recipe's tokenizer."""
+    if "vocab_size" in rc.model.model_fields_set:
+        return rc.model.vocab_size, "model.vocab_size"
+    from .data import load_recipe
+
+    try:
+        tok = load_recipe(rc.data.recipe).tokenizer
+    except ConfigError:
+        return rc.model.vocab_size, "default (recipe not found)"
+    if tok.kind == "bpe":
+        return tok.vocab_size, f"recipe {rc.data.recipe}"
+    if Path(tok.path).is_file():
+        from tokenizers import Tokenizer
+
+        return Tokenizer.from_file(tok.path).get_vocab_size(), f"tokenizer {Path(tok.path).name}"
+    return rc.model.vocab_size, "default (tokenizer file not found)"
+
+
+def _chunk_state_bytes(mixer: nn.Module, seq_len: int) -> float:
+    """Per token: a mixer with a constant-size recurrent state keeps one state per chunk of its
+    chunked training form for the backward pass (state_size is fp32 bytes per sequence)."""
+    s = mixer.state_size(seq_len)
+    if s <= 0 or s != mixer.state_size(max(1, seq_len // 2)):
+        return 0.0  # no state, or a KV cache (fused attention keeps only q, k, v, o: counted as projections)
+    return s / (getattr(mixer.cfg, "chunk_size", None) or DEFAULT_CHUNK)
+
+
+def activation_bytes_per_token(model, seq_len: int) -> dict[str, float]:
+    """bf16-autocast activations kept for the backward pass, per token of a micro-batch (docs/scaling.md):
+    per layer 12 D (two RMSNorms: fp32 input + bf16 copy) + 2 (in + out) for every nn.Linear (its bf16 input
+    and output) + chunk states; then 6 D for the final norm and 10 V for the logits and their gradient."""
+    D, V = model.cfg.d_model, model.cfg.vocab_size
+    layers = 0.0
+    for blk in model.blocks:
+        proj = sum(2 * (m.in_features + m.out_features) for m in blk.modules() if isinstance(m, nn.Linear))
+        layers += 12 * D + proj + _chunk_state_bytes(blk.mixer, seq_len)
+    return {"layers": layers, "head": 6 * D + 10 * V}
+
+
+def _fsdp_units(model) -> list[int]:
+    """Parameters of each FSDP unit (one per block, plus the root: embeddings, final norm, head)."""
+    blocks = [sum(p.numel() for p in b.parameters()) for b in model.blocks]
+    in_blocks = {id(p) for b in model.blocks for p in b.parameters()}
+    root = sum(p.numel() for p in model.parameters() if id(p) not in in_blocks)
+    return sorted(blocks + [root], reverse=True)
+
+
+def memory_per_gpu(model, seq_len: int, micro_batch: int, gpus: int, parallel: str) -> dict[str, float]:
+    """GiB per GPU: model states, communication buffers, activations of one micro-batch, reserve."""
+    P = sum(p.numel() for p in model.parameters())
+    if parallel == "fsdp" and gpus > 1:
+        states = MODEL_STATE_BYTES * P / gpus
+        units = _fsdp_units(model)
+        comm = 8 * sum(units[:2])  # unsharded fp32 params + grads of the current and the prefetched unit
+    else:
+        states = MODEL_STATE_BYTES * P
+        comm = DDP_BUCKET_BYTES * P if gpus > 1 else 0
+    act = activation_bytes_per_token(model, seq_len)
+    activations = micro_batch * seq_len * (act["layers"] + act["head"])
+    out = {"model_states": states / GiB, "comm_buffers": comm / GiB, "activations": activations / GiB, "reserve": RESERVE_GIB}
+    out["total"] = sum(out.values())
+    return out
+
+
+def plan_run(rc: RunConfig, gpus: int = 8, gpu: str = "H100-80GB", mfu: float = 0.4, parallel: str | None = None,
+             seeds: int = 1) -> dict:
+    from .model import LM
+
+    if gpus < 1:
+        raise ConfigError(f"--gpus: must be >= 1, got {gpus}")
+    if not 0 < mfu <= 1:
+        raise ConfigError(f"--mfu: must be in (0, 1], got {mfu}")
+    gpu_name, spec = gpu_spec(gpu)
+    parallel = parallel or getattr(rc.train, "parallel", "ddp")
+    vocab, vocab_source = _vocab(rc)
+    with torch.device("meta"):
+        model = LM(rc.model.model_copy(update={"vocab_size": vocab}))
+    T, tr = rc.data.seq_len, rc.train
+    counts = model.param_counts()
+    fwd = model.flops_per_token(T)
+    train_fpt = 3.0 * fwd
+    tokens_per_step = tr.batch_size * T
+    total_tokens = tokens_per_step * tr.steps
+    issues = []
+    per_rank = tr.batch_size / (gpus * tr.grad_accum)
+    if tr.batch_size % (gpus * tr.grad_accum):
+        issues.append(f"train.batch_size={tr.batch_size} is not divisible by gpus x grad_accum = {gpus} x {tr.grad_accum}; "
+                      "the trainer will refuse it")
+    micro = max(1, math.ceil(per_rank))
+    mem = memory_per_gpu(model, T, micro, gpus, parallel)
+    fits = mem["total"] <= spec["mem_gib"]
+    if not fits:
+        issues.append(f"does not fit: ~{mem['total']:.1f} GiB per GPU > {spec['mem_gib']:.0f} GiB ({gpu_name}); "
+                      + _suggest(model, rc, gpus, parallel, spec["mem_gib"]))
+    elif mem["total"] > 0.9 * spec["mem_gib"]:
+        issues.append(f"tight: ~{mem['total']:.1f} of {spec['mem_gib']:.0f} GiB per GPU")
+    flops_per_s = gpus * spec["tflops"] * 1e12 * mfu
+    seconds = train_fpt * total_tokens / flops_per_s
+    return {
+        "run": rc.name, "seeds": seeds, "mixer": rc.model.mixer.name, "mlp": rc.model.mlp.name,
+        "n_layers": rc.model.n_layers, "d_model": rc.model.d_model, "vocab_size": vocab, "vocab_source": vocab_source,
+        "seq_len": T, "params_total": counts["total"], "params_non_embedding": counts["non_embedding"],
+        "fwd_flops_per_token": fwd, "train_flops_per_token": train_fpt, "six_n": 6.0 * counts["non_embedding"],
+        "batch_size": tr.batch_size, "grad_accum": tr.grad_accum, "micro_batch_per_gpu": per_rank,
+        "tokens_per_step": tokens_per_step, "steps": tr.steps, "total_tokens": total_tokens,
+        "total_train_flops": train_fpt * total_tokens, "gpus": gpus, "gpu": gpu_name, "parallel": parallel,
+        "peak_tflops": spec["tflops"], "mfu": mfu, "memory_gib": mem, "gpu_mem_gib": spec["mem_gib"], "fits": fits,
+        "tokens_per_s": flops_per_s / train_fpt, "est_hours": seconds / 3600, "issues": issues,
+    }
+
+
+def _suggest(model, rc: RunConfig, gpus: int, parallel: str, capacity: float) -> str:
+    """The smallest grad_accum (a divisor of the per-GPU batch) whose micro-batch fits, else FSDP."""
+    T, per_gpu = rc.data.seq_len, rc.train.batch_size // gpus
+    for accum in range(1, max(1, per_gpu) + 1):
+        if per_gpu % accum == 0 and memory_per_gpu(model, T, per_gpu // accum, gpus, parallel)["total"] <= capacity:
+            return f"try train.grad_accum={accum} (micro-batch {per_gpu // accum} per GPU)"
+    if parallel != "fsdp" and gpus > 1 and memory_per_gpu(model, T, 1, gpus, "fsdp")["total"] <= capacity:
+        return "try train.parallel='fsdp' with a smaller micro-batch"
+    return "even a micro-batch of 1 does not fit: use more or larger GPUs, FSDP, or activation checkpointing"
+
+
+def plan_experiment(path: str | Path, overrides: list[str] | None = None, gpus: int = 8, gpu: str = "H100-80GB",
+                    mfu: float = 0.4, parallel: str | None = None) -> list[dict]:
+    """One row per run of the experiment (seeds share a row; ``seeds`` counts them)."""
+    exp = load_experiment(path, overrides)
+    rows: dict[str, dict] = {}
+    for rc in exp.resolve():
+        if rc.name in rows:
+            rows[rc.name]["seeds"] += 1
+            continue
+        rows[rc.name] = plan_run(rc, gpus=gpus, gpu=gpu, mfu=mfu, parallel=parallel)
+    return list(rows.values())
+
+
+def _n(x: float, unit: str = "") -> str:
+    for div, suf in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(x) >= div:
+            return f"{x / div:.3g}{suf}{unit}"
+    return f"{x:.3g}{unit}"
+
+
+def _duration(hours: float) -> str:
+    return f"{hours * 60:.0f} min" if hours < 1 else f"{hours:.1f} h" if hours < 48 else f"{hours / 24:.1f} d"
+
+
+def format_plan(rows: list[dict], as_json: bool = False) -> str:
+    if as_json:
+        return json.dumps(rows, indent=1)
+    if not rows:
+        return "no runs"
+    r0 = rows[0]
+    head = (f"{'run':<20}{'mixer':<15}{'params':>8}{'non-emb':>9}{'fwd/tok':>9}{'train/tok':>10}{'tok/step':>9}"
+            f"{'tokens':>8}{'ubatch':>7}{'mem/GPU':>9}{'fits':>6}{'time':>9}")
+    lines = [f"plan: {r0['gpus']} x {r0['gpu']} ({r0['peak_tflops']:.0f} bf16 TFLOP/s peak, MFU {r0['mfu']:.2f}), "
+             f"{r0['parallel'].upper()}; FLOPs per token at each run's seq_len, training = 3 x forward", "", head]
+    total_h = 0.0
+    for r in rows:
+        m = r["memory_gib"]
+        total_h += r["est_hours"] * r["seeds"]
+        seeds = f" x{r['seeds']}" if r["seeds"] > 1 else ""
+        lines.append(f"{(r['run'] + seeds)[:19]:<20}{r['mixer'][:14]:<15}{_n(r['params_total']):>8}{_n(r['params_non_embedding']):>9}"
+                     f"{_n(r['fwd_flops_per_token']):>9}{_n(r['train_flops_per_token']):>10}{_n(r['tokens_per_step']):>9}"
+                     f"{_n(r['total_tokens']):>8}{r['micro_batch_per_gpu']:>7.3g}{m['total']:>7.1f}Gi{'yes' if r['fits'] else 'NO':>6}"
+                     f"{_duration(r['est_hours']):>9}")
+    lines += ["", "memory per GPU (GiB) = model states + comm buffers + activations (one micro-batch, bf16) + reserve:"]
+    for r in rows:
+        m = r["memory_gib"]
+        lines.append(f"  {r['run']:<20}{m['model_states']:>7.1f} + {m['comm_buffers']:.1f} + {m['activations']:.1f} + {m['reserve']:.1f}"
+                     f" = {m['total']:.1f} of {r['gpu_mem_gib']:.0f}   (vocab {r['vocab_size']} from {r['vocab_source']})")
+    problems = [(r["run"], i) for r in rows for i in r["issues"]]
+    if problems:
+        lines += ["", "issues:"] + [f"  {run}: {msg}" for run, msg in problems]
+    lines += ["", f"total: {_duration(total_h)} on {r0['gpus']} GPUs ({total_h * r0['gpus']:.0f} GPU-hours), all runs and seeds, "
+              "evaluation not included"]
+    return "\n".join(lines)

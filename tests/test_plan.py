@@ -1,0 +1,140 @@
+import json
+
+import pytest
+import torch
+
+from basecap.config_base import ConfigError
+from basecap.model import LM
+from basecap.plan import GPUS, MODEL_STATE_BYTES, RESERVE_GIB, activation_bytes_per_token, format_plan, plan_experiment
+
+GiB = 2**30
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def _write(tmp_path, text, name="exp.toml"):
+    p = tmp_path / name
+    p.write_text(text)
+    return p
+
+
+TINY = """
+name = "tiny_plan"
+seeds = [0, 1]
+[data]
+recipe = "{recipe}"
+seq_len = 64
+[model]
+d_model = 32
+n_layers = 2
+max_seq_len = 64
+[train]
+steps = 100
+batch_size = 16
+warmup_steps = 5
+[[runs]]
+name = "tpp"
+model.mixer = {{ name = "attention", head_dim = 8 }}
+[[runs]]
+name = "dn"
+model.mixer = {{ name = "deltanet", head_dim = 8 }}
+"""
+
+PRESETS = """
+name = "presets"
+[data]
+seq_len = 2048
+[model]
+vocab_size = 32000
+[train]
+batch_size = 256
+steps = 5000
+warmup_steps = 100
+[[runs]]
+name = "tpp_110m"
+model.preset = "110m"
+[[runs]]
+name = "tpp_1.3b"
+model.preset = "1.3b"
+train.steps = 50000
+"""
+
+
+def test_tiny_experiment_numbers_match_the_model(tmp_path, tiny_recipe_path):
+    rows = plan_experiment(_write(tmp_path, TINY.format(recipe=tiny_recipe_path)), gpus=2, gpu="H100")
+    assert [r["run"] for r in rows] == ["tpp", "dn"] and all(r["seeds"] == 2 for r in rows)
+    from basecap.config import load_experiment
+
+    for rc, r in zip(load_experiment(_write(tmp_path, TINY.format(recipe=tiny_recipe_path))).resolve()[::2], rows):
+        assert r["vocab_size"] == 384 and "recipe" in r["vocab_source"]  # the tiny recipe's tokenizer size
+        model = LM(rc.model.model_copy(update={"vocab_size": 384}))  # a real (CPU) build agrees with the meta one
+        counts = model.param_counts()
+        assert (r["params_total"], r["params_non_embedding"]) == (counts["total"], counts["non_embedding"])
+        assert r["fwd_flops_per_token"] == model.flops_per_token(64) and r["train_flops_per_token"] == 3 * r["fwd_flops_per_token"]
+        assert r["tokens_per_step"] == 16 * 64 and r["total_tokens"] == 16 * 64 * 100 and r["micro_batch_per_gpu"] == 8
+        assert r["gpu"] == "H100-80GB" and r["parallel"] == "ddp" and r["fits"] and not r["issues"]
+        mem = r["memory_gib"]
+        assert mem["model_states"] == pytest.approx(MODEL_STATE_BYTES * counts["total"] / GiB)
+        act = activation_bytes_per_token(model, 64)
+        assert mem["activations"] == pytest.approx(8 * 64 * (act["layers"] + act["head"]) / GiB)
+        assert mem["total"] == pytest.approx(sum(v for k, v in mem.items() if k != "total"))
+        secs = r["total_train_flops"] / (2 * GPUS["H100-80GB"]["tflops"] * 1e12 * 0.4)
+        assert r["est_hours"] == pytest.approx(secs / 3600)
+    # a constant-state mixer keeps chunk states on top of its projections; attention keeps none
+    assert rows[1]["memory_gib"]["activations"] > 0 and rows[0]["issues"] == []
+
+
+def test_presets_are_sane(tmp_path):
+    rows = {r["run"]: r for r in plan_experiment(_write(tmp_path, PRESETS), gpus=8, gpu="H100-80GB")}
+    small, big = rows["tpp_110m"], rows["tpp_1.3b"]
+    assert 1.2e9 <= big["params_total"] <= 1.5e9 and 1.1e9 <= big["params_non_embedding"] <= big["params_total"]
+    assert 0.1e9 <= small["params_total"] <= 0.16e9 and 70e6 <= small["params_non_embedding"] <= 0.1e9
+    for r in (small, big):  # 6N-style: 3 x forward lies between 6 N_non-embedding and ~6 N_total (+ attention)
+        assert 6 * r["params_non_embedding"] <= r["train_flops_per_token"] <= 1.2 * 6 * r["params_total"]
+        assert r["tokens_per_step"] == 256 * 2048
+    assert big["total_tokens"] == 256 * 2048 * 50000
+    # ~26B tokens x 8.3 GFLOP/token at 40% of 8 x 989 TFLOP/s: a day, not a minute or a month
+    assert 10 < big["est_hours"] < 40 and small["est_hours"] < big["est_hours"]
+
+
+def test_memory_flagging_and_suggestions(tmp_path):
+    path = _write(tmp_path, PRESETS)
+    rows = {r["run"]: r for r in plan_experiment(path, gpus=8, gpu="L40S")}
+    big = rows["tpp_1.3b"]
+    assert big["gpu"] == "L40S-48GB" and not big["fits"] and big["memory_gib"]["total"] > 48
+    assert any("does not fit" in i and "grad_accum" in i for i in big["issues"])
+    # more accumulation shrinks only the activations; FSDP shards the model states
+    acc = {r["run"]: r for r in plan_experiment(path, ["train.grad_accum=8"], gpus=8, gpu="L40S")}["tpp_1.3b"]
+    assert acc["micro_batch_per_gpu"] == 4
+    assert acc["memory_gib"]["activations"] == pytest.approx(big["memory_gib"]["activations"] / 8)
+    assert acc["memory_gib"]["model_states"] == big["memory_gib"]["model_states"]
+    fsdp = {r["run"]: r for r in plan_experiment(path, ["train.grad_accum=8"], gpus=8, gpu="L40S", parallel="fsdp")}["tpp_1.3b"]
+    assert fsdp["memory_gib"]["model_states"] == pytest.approx(big["memory_gib"]["model_states"] / 8)
+    assert fsdp["fits"] and fsdp["memory_gib"]["total"] < acc["memory_gib"]["total"]
+    # a global batch the GPUs cannot split evenly is reported
+    odd = plan_experiment(path, ["train.batch_size=250"], gpus=8)[0]
+    assert any("not divisible" in i for i in odd["issues"])
+
+
+def test_format_plan_text_and_json(tmp_path, tiny_recipe_path):
+    rows = plan_experiment(_write(tmp_path, TINY.format(recipe=tiny_recipe_path)), gpus=1, gpu="A100-40GB", mfu=0.3)
+    text = format_plan(rows)
+    assert "1 x A100-40GB" in text and "MFU 0.30" in text and "tpp x2" in text and "dn x2" in text
+    assert "yes" in text and f"+ {RESERVE_GIB:.1f} =" in text
+    assert json.loads(format_plan(rows, as_json=True)) == json.loads(json.dumps(rows))
+
+
+def test_bad_arguments_fail_with_a_clear_message(tmp_path, tiny_recipe_path):
+    path = _write(tmp_path, TINY.format(recipe=tiny_recipe_path))
+    with pytest.raises(ConfigError, match="unknown GPU"):
+        plan_experiment(path, gpu="TPUv9")
+    with pytest.raises(ConfigError, match="gpus"):
+        plan_experiment(path, gpus=0)
+    with pytest.raises(ConfigError, match="mfu"):
+        plan_experiment(path, mfu=1.5)
