@@ -106,19 +106,22 @@ def scan_(a: torch.Tensor | None, u: torch.Tensor, reverse: bool = False) -> tor
 _LOG2E = 1.4426950408889634
 
 
-def _decay(g, At2, t0, t1, shape):
-    """Per-step decay a_t = exp(g_t A) for steps t0..t1 as [B,L,N,E]; None means a = 1.
-    ``At2`` is A log2(e): exp2 costs half of exp on CPU."""
-    if At2 is None:
-        return None
-    if g is None:
-        return torch.exp2(At2).expand(shape).contiguous()
-    return torch.exp2(g[:, t0:t1, None, :] * At2)
+def _chunk_inputs(w, Bm, g, At2, t0, t1, u, a):
+    """Fill the work buffers for steps t0..t1: u_t = B_t w_t and a_t = exp(g_t A) (both
+    [B,L,N,E]; ``a`` is None when there is no decay). ``At2`` is A log2(e): exp2 costs half of
+    exp on CPU."""
+    torch.mul(Bm[:, t0:t1, :, None], w[:, t0:t1, None, :], out=u)
+    if a is not None:
+        if g is None:
+            a.copy_(torch.exp2(At2).expand_as(a))
+        else:
+            torch.mul(g[:, t0:t1, None, :], At2, out=a).exp2_()
 
 
 class _SelectiveScan(torch.autograd.Function):
     # Internally the state is laid out [B, L, N, E] (E innermost) so every contraction over N
-    # or E runs over long contiguous rows.
+    # or E runs over long contiguous rows. Chunk-sized work buffers are allocated once per call
+    # and reused: allocating them per chunk makes the allocator map and unmap memory each time.
     @staticmethod
     def forward(ctx, w, Bm, Cm, g, A, h0, chunk):
         Bsz, T, E = w.shape
@@ -127,13 +130,18 @@ class _SelectiveScan(torch.autograd.Function):
         At2 = At * _LOG2E if At is not None else None
         h = h0.transpose(1, 2).contiguous() if h0 is not None else w.new_zeros(Bsz, N, E)
         y = w.new_empty(Bsz, T, E)
+        u_buf = w.new_empty(Bsz, min(chunk, T), N, E)
+        a_buf = torch.empty_like(u_buf) if At is not None else None
         starts = []
         for t0 in range(0, T, chunk):
             t1 = min(t0 + chunk, T)
             starts.append(h)
-            u = Bm[:, t0:t1, :, None] * w[:, t0:t1, None, :]  # [B,L,N,E]
-            a = _decay(g, At2, t0, t1, u.shape)
-            u[:, 0] += h if a is None else a[:, 0] * h  # fold the carried state into step t0
+            u, a = u_buf[:, : t1 - t0], (a_buf[:, : t1 - t0] if a_buf is not None else None)
+            _chunk_inputs(w, Bm, g, At2, t0, t1, u, a)
+            if a is None:  # fold the carried state into step t0
+                u[:, 0].add_(h)
+            else:
+                u[:, 0].addcmul_(a[:, 0], h)
             scan_(a, u)
             y[:, t0:t1] = (Cm[:, t0:t1, None, :] @ u).squeeze(-2)
             h = u[:, -1].clone()
@@ -146,45 +154,49 @@ class _SelectiveScan(torch.autograd.Function):
     def backward(ctx, gy, gh_last):
         w, Bm, Cm, g, At, starts = ctx.saved_tensors
         chunk = ctx.chunk
-        T = w.shape[1]
+        Bsz, T, E = w.shape
+        N = Bm.shape[-1]
         gy = gy if gy is not None else torch.zeros_like(w)
         carry = gh_last.transpose(1, 2) if gh_last is not None else torch.zeros_like(starts[:, 0])
         gw, gB, gC = torch.empty_like(w), torch.empty_like(Bm), torch.empty_like(Cm)
         gg = torch.empty_like(g) if g is not None else None
         gAt = torch.zeros_like(At) if At is not None else None
         At2 = At * _LOG2E if At is not None else None
+        bufs = w.new_empty(6 if At is not None else 2, Bsz, min(chunk, T), N, E).unbind(0)
         for ci in reversed(range(starts.shape[1])):
             t0 = ci * chunk
             t1 = min(t0 + chunk, T)
             h_start = starts[:, ci]
-            # recompute the chunk's states h_t
-            u = Bm[:, t0:t1, :, None] * w[:, t0:t1, None, :]
-            a = _decay(g, At2, t0, t1, u.shape)
-            u[:, 0] += h_start if a is None else a[:, 0] * h_start
-            h = scan_(None if a is None else a.clone(), u)
-            # G_t = dL/dh_t = C_t gy_t + a_{t+1} G_{t+1}: a reverse scan with coefficients a_{t+1}
-            G = Cm[:, t0:t1, :, None] * gy[:, t0:t1, None, :]
-            G[:, -1] += carry
+            u, G, *rest = (b[:, : t1 - t0] for b in bufs)
+            a, a_scan, coef, tmp = rest if rest else (None,) * 4
+            # recompute the chunk's states h_t (the scan turns u into h)
+            _chunk_inputs(w, Bm, g, At2, t0, t1, u, a)
             if a is None:
-                scan_(None, G, reverse=True)
+                u[:, 0].add_(h_start)
             else:
-                coef = torch.empty_like(a)
-                coef[:, :-1] = a[:, 1:]
-                coef[:, -1] = 1.0  # never multiplies anything; keep it finite
-                scan_(coef, G, reverse=True)
+                u[:, 0].addcmul_(a[:, 0], h_start)
+                a_scan.copy_(a)
+            h = scan_(a_scan, u)
+            # G_t = dL/dh_t = C_t gy_t + a_{t+1} G_{t+1}: a reverse scan with coefficients a_{t+1}
+            torch.mul(Cm[:, t0:t1, :, None], gy[:, t0:t1, None, :], out=G)
+            G[:, -1].add_(carry)
+            if a is not None:
+                coef[:, :-1].copy_(a[:, 1:])
+                coef[:, -1].fill_(1.0)  # never multiplies anything; keep it finite
+            scan_(coef, G, reverse=True)
             gw[:, t0:t1] = (Bm[:, t0:t1, None, :] @ G).squeeze(-2)
             gB[:, t0:t1] = torch.einsum("blne,ble->bln", G, w[:, t0:t1])
             gC[:, t0:t1] = torch.einsum("blne,ble->bln", h, gy[:, t0:t1])
             if a is not None:
-                glog = G * a  # dL/d(log a_t) = G_t h_{t-1} a_t
-                glog[:, 1:] *= h[:, :-1]
-                glog[:, 0] *= h_start
+                glog = torch.mul(G, a, out=a_scan)  # dL/d(log a_t) = G_t h_{t-1} a_t
+                glog[:, 1:].mul_(h[:, :-1])
+                glog[:, 0].mul_(h_start)
                 if g is None:
                     gAt += glog.sum((0, 1))
                 else:
-                    gg[:, t0:t1] = (glog * At).sum(2)
-                    gAt += (glog * g[:, t0:t1, None, :]).sum((0, 1))
-            carry = G[:, 0] if a is None else a[:, 0] * G[:, 0]
+                    gg[:, t0:t1] = torch.mul(glog, At, out=tmp).sum(2)
+                    gAt += torch.mul(glog, g[:, t0:t1, None, :], out=tmp).sum((0, 1))
+            carry = G[:, 0].clone() if a is None else a[:, 0] * G[:, 0]
         gA = gAt.t() if gAt is not None else None
         return gw, gB, gC, gg, gA, (carry.transpose(1, 2) if ctx.has_h0 else None), None
 
