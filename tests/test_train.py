@@ -102,17 +102,17 @@ def test_corrupt_checkpoint_is_detected_and_previous_used(tiny_corpus, tiny_reci
 
 
 def test_nan_loss_stops_naming_the_step_and_keeps_checkpoints(tiny_corpus, tiny_recipe_path, tmp_path, monkeypatch):
-    from basecap.model import LM
+    import basecap.train as T
 
     calls = {"n": 0}
-    orig = LM.loss
+    orig = T._loss
 
-    def flaky(self, x, y):
+    def flaky(model, x, y):
         calls["n"] += 1
-        out = orig(self, x, y)
+        out = orig(model, x, y)
         return out * float("nan") if calls["n"] == 6 else out
 
-    monkeypatch.setattr(LM, "loss", flaky)
+    monkeypatch.setattr(T, "_loss", flaky)
     with pytest.raises(TrainingDiverged, match=r"at step 6; stopped.*latest: step_00000004"):
         train(run_cfg(tiny_recipe_path), tmp_path / "r", corpus=tiny_corpus, log=lambda *_: None)
     assert [p.name for p in list_checkpoints(tmp_path / "r" / "checkpoints")] == ["step_00000004"]

@@ -1,7 +1,14 @@
-"""Atomic, verifiable checkpoints: weights in safetensors, optimizer + RNG in a torch file, and a
-``meta.json`` with the step and SHA-256 of every file. A checkpoint directory appears only once it is
-complete (written to a temporary name, fsynced, then renamed), so a kill never leaves a half one that
-looks good; a corrupt one is detected by its hashes and skipped in favour of the previous one."""
+"""Atomic, verifiable checkpoints that resume exactly, at any world size.
+
+A checkpoint directory ``step_N/`` holds:
+- ``state/``: model and optimizer state through ``torch.distributed.checkpoint`` (sharded for FSDP,
+  re-sharded on load, so a run resumes with a different number of ranks, or in a single process);
+- ``model.safetensors``: the full weights, for evaluation and export;
+- ``trainer.json``: step and bookkeeping; ``meta.json``: SHA-256 of every file.
+It is written under a temporary name and renamed only when complete (all files fsynced), so a kill never
+leaves a half checkpoint that looks good; a corrupt one is detected by its hashes and skipped in favour
+of the previous one. With several ranks the checkpoint folder must be on a filesystem all ranks share.
+"""
 
 from __future__ import annotations
 
@@ -10,14 +17,32 @@ import json
 import os
 import shutil
 import warnings
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
+import torch.distributed.checkpoint as dcp
 from safetensors.torch import load_file, save_file
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_state_dict,
+    set_state_dict,
+)
+
+from .distributed import DistEnv, barrier, unwrap
 
 
 class CheckpointError(RuntimeError):
     pass
+
+
+@contextmanager
+def _single_process_ok():
+    """DCP warns when used without a process group; that is our normal single-process case."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        yield
 
 
 def _sha256(path: Path) -> str:
@@ -28,7 +53,11 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def _fsync_dir(path: Path):
+def _files(root: Path) -> list[Path]:
+    return sorted(p for p in root.rglob("*") if p.is_file() and p.name != "meta.json")
+
+
+def _fsync(path: Path):
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -36,33 +65,40 @@ def _fsync_dir(path: Path):
         os.close(fd)
 
 
-def save_checkpoint(ckpt_root: Path, step: int, model: torch.nn.Module, optimizer, extra: dict, keep: int = 2) -> Path:
-    ckpt_root.mkdir(parents=True, exist_ok=True)
+def save_checkpoint(ckpt_root: Path, step: int, model: torch.nn.Module, optimizer, extra: dict, keep: int = 2,
+                    env: DistEnv = DistEnv()) -> Path:
     final = ckpt_root / f"step_{step:08d}"
     tmp = ckpt_root / f".tmp_step_{step:08d}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    # safetensors refuses shared tensors (tied embeddings): store each storage once
-    tensors, seen = {}, {}
-    for k, v in model.state_dict().items():
-        key = v.data_ptr()
-        if key in seen:
-            continue
-        seen[key] = k
-        tensors[k] = v.detach().contiguous().cpu()
-    save_file(tensors, tmp / "model.safetensors")
-    torch.save({"optimizer": optimizer.state_dict(), "rng": {"torch": torch.get_rng_state()}, "extra": extra}, tmp / "trainer.pt")
-    meta = {"step": step, "files": {n: _sha256(tmp / n) for n in ("model.safetensors", "trainer.pt")}}
-    (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
-    for f in tmp.iterdir():
-        with open(f, "rb") as fh:
-            os.fsync(fh.fileno())
-    if final.exists():
-        shutil.rmtree(final)
-    os.replace(tmp, final)
-    _fsync_dir(ckpt_root)
-    for old in list_checkpoints(ckpt_root)[:-keep]:
-        shutil.rmtree(old, ignore_errors=True)
+    if env.is_main:
+        ckpt_root.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+    barrier(env)
+    msd, osd = get_state_dict(model, optimizer)
+    with _single_process_ok():
+        dcp.save({"model": msd, "optim": osd}, checkpoint_id=str(tmp / "state"))
+    full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if env.is_main:
+        # safetensors refuses shared storage (tied embeddings): store each tensor once
+        tensors, seen = {}, set()
+        for k, v in full.items():
+            if v.data_ptr() in seen:
+                continue
+            seen.add(v.data_ptr())
+            tensors[k] = v.detach().contiguous().cpu()
+        save_file(tensors, tmp / "model.safetensors")
+        (tmp / "trainer.json").write_text(json.dumps({"step": step, "world_size": env.world_size, **extra}))
+        files = _files(tmp)
+        (tmp / "meta.json").write_text(json.dumps({"step": step, "files": {str(f.relative_to(tmp)): _sha256(f) for f in files}}, indent=1))
+        for f in [*files, tmp / "meta.json"]:
+            _fsync(f)
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        _fsync(ckpt_root)
+        for old in list_checkpoints(ckpt_root)[:-keep]:
+            shutil.rmtree(old, ignore_errors=True)
+    barrier(env)
     return final
 
 
@@ -73,9 +109,8 @@ def list_checkpoints(ckpt_root: Path) -> list[Path]:
 
 
 def verify_checkpoint(path: Path) -> dict:
-    meta_path = path / "meta.json"
     try:
-        meta = json.loads(meta_path.read_text())
+        meta = json.loads((path / "meta.json").read_text())
     except (OSError, json.JSONDecodeError) as e:
         raise CheckpointError(f"checkpoint {path}: unreadable meta.json ({e})") from None
     for name, digest in meta.get("files", {}).items():
@@ -88,12 +123,23 @@ def verify_checkpoint(path: Path) -> dict:
 
 
 def load_weights(path: Path, model: torch.nn.Module):
+    """Full weights from ``model.safetensors`` into an unwrapped model (evaluation, export)."""
     verify_checkpoint(path)
     state = load_file(path / "model.safetensors")
     missing, unexpected = model.load_state_dict(state, strict=False)
     tied = {k for k in missing if model.cfg.tie_embeddings and k == "head.weight"}
     if set(missing) - tied or unexpected:
         raise CheckpointError(f"checkpoint {path}: weights do not match the model (missing {sorted(set(missing) - tied)}, unexpected {unexpected})")
+
+
+def restore(path: Path, model: torch.nn.Module, optimizer) -> dict:
+    """Model + optimizer state into a (possibly wrapped / sharded) model; returns trainer.json."""
+    msd, osd = get_state_dict(model, optimizer)
+    state = {"model": msd, "optim": osd}
+    with _single_process_ok():
+        dcp.load(state, checkpoint_id=str(path / "state"))
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    return json.loads((path / "trainer.json").read_text())
 
 
 def latest_good_checkpoint(ckpt_root: Path, log=print) -> Path | None:
@@ -108,5 +154,5 @@ def latest_good_checkpoint(ckpt_root: Path, log=print) -> Path | None:
     return None
 
 
-def load_trainer_state(path: Path) -> dict:
-    return torch.load(path / "trainer.pt", map_location="cpu", weights_only=False)
+__all__ = ["CheckpointError", "latest_good_checkpoint", "list_checkpoints", "load_weights", "restore", "save_checkpoint",
+           "unwrap", "verify_checkpoint"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -49,16 +50,22 @@ def _selected(exp, only):
 
 
 def _cmd_train(args):
+    import torch
+
     from .config import load_experiment
+    from .distributed import rank0_first
     from .experiment import prepare_corpus
     from .train import train
 
     exp = load_experiment(args.experiment, args.set)
     runs = _selected(exp, args.run)
-    corpus = prepare_corpus(runs)
+    main_rank = int(os.environ.get("RANK", "0")) == 0
+    quiet = print if main_rank else (lambda *_: None)
+    device_type = "cuda" if torch.cuda.is_available() and runs[0].train.device != "cpu" else "cpu"
+    corpus = rank0_first(lambda: prepare_corpus(runs, log=quiet), device_type)
     for rc in runs:
         final = train(rc, exp.output_dir() / rc.run_id, corpus=corpus)
-        print(f"{rc.run_id}: in-domain loss {final['in_domain_loss']:.4f}; " +
+        quiet(f"{rc.run_id}: in-domain loss {final['in_domain_loss']:.4f}; " +
               ", ".join(f"{d} {v['loss']:.3f} ({v['bpb']:.3f} bpb)" for d, v in final["domains"].items()))
 
 

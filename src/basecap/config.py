@@ -54,6 +54,7 @@ class TrainConfig(Strict):
     dtype: Literal["auto", "fp32", "bf16"] = Field("auto", description="auto: fp32 on CPU, bf16 autocast on CUDA")
     threads: int | None = Field(None, gt=0, description="torch intra-op threads on CPU (default: all cores)")
     compile: bool = False
+    parallel: Literal["ddp", "fsdp"] = Field("ddp", description="data parallelism under torchrun (DDP, or FSDP2 sharding)")
     checkpoint_every: int = Field(100, gt=0)
     keep_checkpoints: int = Field(2, gt=0)
     log_every: int = Field(10, gt=0)

@@ -22,9 +22,10 @@ from pathlib import Path
 
 import torch
 
-from .checkpoint import latest_good_checkpoint, load_trainer_state, load_weights, save_checkpoint
+from .checkpoint import latest_good_checkpoint, restore, save_checkpoint
 from .config import RunConfig
 from .config_base import ConfigError
+from .distributed import DistEnv, grad_sync, init_distributed, mean_across_ranks, wrap
 from .eval.ood import DomainEvaluator, in_domain_loss
 from .model import LM
 
@@ -33,11 +34,12 @@ class TrainingDiverged(RuntimeError):
     pass
 
 
-def resolve_device(cfg: RunConfig) -> tuple[torch.device, torch.dtype | None]:
+def resolve_device(cfg: RunConfig, local_rank: int = 0) -> tuple[torch.device, torch.dtype | None]:
     want = cfg.train.device
     if want == "cuda" and not torch.cuda.is_available():
         raise ConfigError("train.device: 'cuda' requested but no CUDA device is available; allowed here: cpu, auto")
-    dev = torch.device("cuda" if want == "cuda" or (want == "auto" and torch.cuda.is_available()) else "cpu")
+    use_cuda = want == "cuda" or (want == "auto" and torch.cuda.is_available())
+    dev = torch.device("cuda", local_rank) if use_cuda else torch.device("cpu")
     dtype = cfg.train.dtype
     if dtype == "auto":
         dtype = "bf16" if dev.type == "cuda" else "fp32"
@@ -110,65 +112,73 @@ def train(cfg: RunConfig, run_dir: str | Path, corpus=None, log=print) -> dict:
     from .data import TrainBatches, build_corpus, load_recipe
 
     run_dir = Path(run_dir)
+    device, amp_dtype = resolve_device(cfg, int(os.environ.get("LOCAL_RANK", "0")))
+    env = init_distributed(device.type)
+    if env.active and cfg.train.batch_size % (env.world_size * cfg.train.grad_accum):
+        raise ConfigError(f"train.batch_size={cfg.train.batch_size} must be divisible by world_size x grad_accum = "
+                          f"{env.world_size} x {cfg.train.grad_accum}")
+    if not env.is_main:
+        log = lambda *_: None  # noqa: E731 - only rank 0 talks and writes
     done_path = run_dir / "done.json"
     if done_path.exists():
         done = json.loads(done_path.read_text())
         if done.get("steps") == cfg.train.steps:
             log(f"[{cfg.run_id}] already finished ({cfg.train.steps} steps); skipping")
             return done["final"]
-    run_dir.mkdir(parents=True, exist_ok=True)
+    if env.is_main:
+        run_dir.mkdir(parents=True, exist_ok=True)
     corpus = corpus or build_corpus(load_recipe(cfg.data.recipe), log=log)
     check_domains(cfg, corpus)
-    device, amp_dtype = resolve_device(cfg)
     if cfg.train.threads and device.type == "cpu":
         torch.set_num_threads(cfg.train.threads)
     autocast = partial(torch.autocast, device_type=device.type, dtype=amp_dtype) if amp_dtype else None
 
     torch.manual_seed(cfg.seed)
-    model = build_model(cfg, corpus.vocab_size).to(device)
+    core = build_model(cfg, corpus.vocab_size).to(device)
+    counts, flops, state_bytes = core.param_counts(), core.flops_per_token(cfg.data.seq_len), core.state_size(cfg.data.seq_len)
+    model = wrap(core, cfg.train.parallel, env, device)
     opt = make_optimizer(model, cfg.train)
     metrics_path = run_dir / "metrics.jsonl"
     ckpt_root = run_dir / "checkpoints"
     start = 0
     ckpt = latest_good_checkpoint(ckpt_root, log=log)
     if ckpt is not None:
-        load_weights(ckpt, model)
-        st = load_trainer_state(ckpt)
-        opt.load_state_dict(st["optimizer"])
-        torch.set_rng_state(st["rng"]["torch"])
-        start = st["extra"]["step"]
+        start = restore(ckpt, model, opt)["step"]
         log(f"[{cfg.run_id}] resuming from {ckpt.name} (step {start})")
-    _truncate_metrics(metrics_path, start)
+    if env.is_main:
+        _truncate_metrics(metrics_path, start)
 
-    counts = model.param_counts()
     info = {
         "run_id": cfg.run_id, "config": json.loads(cfg.model_dump_json()), "vocab_size": corpus.vocab_size,
         "corpus": {"dir": corpus.dir.name, "tokenizer": corpus.tokenizer_path.name},
-        "params": counts, "flops_per_token": model.flops_per_token(cfg.data.seq_len),
-        "state_bytes": model.state_size(cfg.data.seq_len), **environment_info(device),
+        "params": counts, "flops_per_token": flops, "state_bytes": state_bytes,
+        "world_size": env.world_size, "parallel": cfg.train.parallel if env.active else None, **environment_info(device),
     }
-    (run_dir / "run.json").write_text(json.dumps(info, indent=1))
+    if env.is_main:
+        (run_dir / "run.json").write_text(json.dumps(info, indent=1))
     if start == 0:
         log(f"[{cfg.run_id}] {cfg.model.mixer.name}: {counts['total'] / 1e6:.2f}M params "
             f"({counts['non_embedding'] / 1e6:.2f}M non-embedding), {info['flops_per_token'] / 1e6:.1f} MFLOPs/token fwd, device {device}")
 
     # the batch of a step does not depend on grad_accum (a memory knob): micro-batches are slices of it
-    batches = TrainBatches(corpus, weights=cfg.data.train_weights, seq_len=cfg.data.seq_len, batch_size=cfg.train.batch_size, seed=cfg.seed)
+    batches = TrainBatches(corpus, weights=cfg.data.train_weights, seq_len=cfg.data.seq_len, batch_size=cfg.train.batch_size // env.world_size,
+                           seed=cfg.seed, rank=env.rank, world_size=env.world_size)
     eval_domains = cfg.data.eval_domains or corpus.domains
     evaluator = DomainEvaluator(corpus, eval_domains, cfg.eval.split, cfg.data.seq_len, cfg.eval.batch_size, cfg.eval.max_tokens)
     tokens_per_step = cfg.train.batch_size * cfg.data.seq_len
     final = None
 
     def run_eval(step):
-        res = evaluator.evaluate(model, device, autocast)
+        res = evaluator.evaluate(model, device, autocast)  # every rank (FSDP needs all of them); rank 0 writes
         rec = {"kind": "eval", "step": step, "tokens": step * tokens_per_step, "split": cfg.eval.split,
                "in_domain_loss": in_domain_loss(res, cfg.data.train_weights), "domains": res}
-        with open(metrics_path, "a") as f:
-            f.write(json.dumps(rec) + "\n")
+        if env.is_main:
+            with open(metrics_path, "a") as f:
+                f.write(json.dumps(rec) + "\n")
         return rec
 
     bar = None
-    if cfg.train.progress:
+    if cfg.train.progress and env.is_main:
         from tqdm import tqdm
 
         bar = tqdm(total=cfg.train.steps, initial=start, desc=cfg.run_id, unit="step", mininterval=1.0, dynamic_ncols=True, file=sys.stderr)
@@ -180,12 +190,15 @@ def train(cfg: RunConfig, run_dir: str | Path, corpus=None, log=print) -> dict:
             g["lr"] = lr
         loss_sum = 0.0
         xb, yb = batches.batch(step)
-        for x, y in zip(xb.chunk(cfg.train.grad_accum), yb.chunk(cfg.train.grad_accum)):
+        micro = list(zip(xb.chunk(cfg.train.grad_accum), yb.chunk(cfg.train.grad_accum)))
+        for i, (x, y) in enumerate(micro):
             x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-            with autocast() if autocast else nullcontext():
-                loss = model.loss(x, y) / cfg.train.grad_accum
-            loss.backward()
+            with grad_sync(model, cfg.train.parallel, env, sync=i == len(micro) - 1):
+                with autocast() if autocast else nullcontext():
+                    loss = _loss(model, x, y) / cfg.train.grad_accum
+                loss.backward()
             loss_sum += loss.item()
+        loss_sum = mean_across_ranks(loss_sum, env)
         if not math.isfinite(loss_sum):
             if bar:
                 bar.close()
@@ -193,6 +206,7 @@ def train(cfg: RunConfig, run_dir: str | Path, corpus=None, log=print) -> dict:
             raise TrainingDiverged(f"[{cfg.run_id}] loss is {loss_sum} at step {step + 1}; stopped. "
                                    f"Saved checkpoints are intact (latest: {good.name if good else 'none'}).")
         gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.grad_clip if cfg.train.grad_clip > 0 else float("inf"))
+        gnorm = gnorm.full_tensor() if hasattr(gnorm, "full_tensor") else gnorm
         opt.step()
         opt.zero_grad(set_to_none=True)
         done = step + 1
@@ -200,8 +214,9 @@ def train(cfg: RunConfig, run_dir: str | Path, corpus=None, log=print) -> dict:
         now = time.perf_counter()
         rec = {"kind": "train", "step": done, "loss": loss_sum, "lr": lr, "grad_norm": float(gnorm),
                "tokens_per_s": tok_since / max(now - t_last, 1e-9)}
-        with open(metrics_path, "a") as f:
-            f.write(json.dumps(rec) + "\n")
+        if env.is_main:
+            with open(metrics_path, "a") as f:
+                f.write(json.dumps(rec) + "\n")
         if bar:
             bar.update(1)
             bar.set_postfix(loss=f"{loss_sum:.3f}", tok_s=f"{rec['tokens_per_s']:.0f}", refresh=False)
@@ -211,12 +226,19 @@ def train(cfg: RunConfig, run_dir: str | Path, corpus=None, log=print) -> dict:
         if done % cfg.eval.every == 0 or done == cfg.train.steps:
             final = run_eval(done)
         if done % cfg.train.checkpoint_every == 0 or done == cfg.train.steps:
-            save_checkpoint(ckpt_root, done, model, opt, {"step": done}, keep=cfg.train.keep_checkpoints)
+            save_checkpoint(ckpt_root, done, model, opt, {}, keep=cfg.train.keep_checkpoints, env=env)
     if bar:
         bar.close()
     if final is None:  # resumed exactly at the end
         final = run_eval(cfg.train.steps)
-    tmp = done_path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"steps": cfg.train.steps, "final": final}, indent=1))
-    os.replace(tmp, done_path)
+    if env.is_main:
+        tmp = done_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"steps": cfg.train.steps, "final": final}, indent=1))
+        os.replace(tmp, done_path)
     return final
+
+
+def _loss(model, x, y):
+    """Cross-entropy through the (possibly DDP/FSDP-wrapped) model's forward, so wrappers see the call."""
+    logits, _ = model(x)
+    return torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), y.flatten())

@@ -1,0 +1,102 @@
+"""Data-parallel training under ``torchrun``: DDP or FSDP2 (``train.parallel``).
+
+Launched with ``torchrun --nproc-per-node N -m basecap train EXPERIMENT``, every rank runs the same
+trainer; this module holds the few places where ranks differ. On CPU the backend is gloo, on CUDA NCCL.
+Each rank takes rows ``[r * B/N, (r+1) * B/N)`` of the step's global batch (a pure function of seed and
+step), so the run sees the same data at any world size.
+"""
+
+from __future__ import annotations
+
+import os
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def active(self) -> bool:
+        return self.world_size > 1
+
+
+def init_distributed(device_type: str) -> DistEnv:
+    """Join the process group when launched by torchrun (WORLD_SIZE > 1); a no-op otherwise."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1:
+        return DistEnv()
+    if not dist.is_initialized():
+        backend = "nccl" if device_type == "cuda" else "gloo"
+        dist.init_process_group(backend)
+    return DistEnv(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", "0")))
+
+
+def wrap(model: torch.nn.Module, mode: str, env: DistEnv, device: torch.device) -> torch.nn.Module:
+    if not env.active:
+        return model
+    if mode == "ddp":
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        return DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
+    from torch.distributed.fsdp import fully_shard
+
+    for block in model.blocks:  # shard per block, then the root (embedding, head)
+        fully_shard(block)
+    fully_shard(model)
+    return model
+
+
+@contextmanager
+def grad_sync(model: torch.nn.Module, mode: str, env: DistEnv, sync: bool):
+    """Skip the gradient all-reduce on all but the last micro-batch of a step."""
+    if not env.active or sync:
+        if env.active and mode == "fsdp":
+            model.set_requires_gradient_sync(True)
+        yield
+        return
+    if mode == "ddp":
+        with model.no_sync():
+            yield
+    else:
+        model.set_requires_gradient_sync(False)
+        yield
+
+
+def rank0_first(fn, device_type: str = "cpu"):
+    """Run ``fn`` on rank 0 first (e.g. building the corpus into the shared data home), then on the
+    other ranks, which then find the result cached."""
+    env = init_distributed(device_type)
+    if not env.active:
+        return fn()
+    out = fn() if env.is_main else None
+    barrier(env)
+    return out if env.is_main else fn()
+
+
+def mean_across_ranks(value: float, env: DistEnv) -> float:
+    if not env.active:
+        return value
+    t = torch.tensor([value], dtype=torch.float64)
+    dist.all_reduce(t)
+    return float(t) / env.world_size
+
+
+def barrier(env: DistEnv):
+    if env.active:
+        dist.barrier()
+
+
+def unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    return getattr(model, "module", model)
+
