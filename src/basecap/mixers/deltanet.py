@@ -47,33 +47,26 @@ class DeltaNet(Mixer):
         self.n_heads = cfg.n_heads or max(1, d_model // cfg.head_dim)
         self.head_dim = cfg.head_dim
         inner = self.n_heads * self.head_dim
-        self.q_proj = nn.Linear(d_model, inner, bias=False)
-        self.k_proj = nn.Linear(d_model, inner, bias=False)
-        self.v_proj = nn.Linear(d_model, inner, bias=False)
+        self.qkv_proj = nn.Linear(d_model, 3 * inner, bias=False)
         self.b_proj = nn.Linear(d_model, self.n_heads, bias=False)
-        if cfg.short_conv:
-            self.q_conv = ShortConv(inner, cfg.conv_size)
-            self.k_conv = ShortConv(inner, cfg.conv_size)
-            self.v_conv = ShortConv(inner, cfg.conv_size)
+        if cfg.short_conv:  # depthwise, so one conv over [q, k, v] = three separate ones
+            self.conv = ShortConv(3 * inner, cfg.conv_size)
         self.o_norm = nn.RMSNorm(self.head_dim, eps=cfg.norm_eps)
         self.o_proj = nn.Linear(inner, d_model, bias=False)
-
-    def _conv(self, x: torch.Tensor, name: str, state: State | None, new_state: dict):
-        if not self.cfg.short_conv:
-            return F.silu(x)
-        y, cache = getattr(self, f"{name}_conv")(x, None if state is None else state[f"conv_{name}"])
-        if state is not None:
-            new_state[f"conv_{name}"] = cache
-        return y
 
     def forward(self, x: torch.Tensor, state: State | None = None):
         B, T, _ = x.shape
         H, D = self.n_heads, self.head_dim
         new_state: dict = {}
-        heads = lambda t: t.view(B, T, H, D).transpose(1, 2)  # noqa: E731  [B, H, T, D]
-        q = l2_normalize(heads(self._conv(self.q_proj(x), "q", state, new_state)))
-        k = l2_normalize(heads(self._conv(self.k_proj(x), "k", state, new_state)))
-        v = heads(self._conv(self.v_proj(x), "v", state, new_state))
+        qkv = self.qkv_proj(x)
+        if self.cfg.short_conv:
+            qkv, conv = self.conv(qkv, None if state is None else state["conv"])
+            if state is not None:
+                new_state["conv"] = conv
+        else:
+            qkv = F.silu(qkv)
+        q, k, v = qkv.view(B, T, 3, H, D).permute(2, 0, 3, 1, 4)  # 3 x [B, H, T, D]
+        q, k = l2_normalize(q), l2_normalize(k)
         beta = torch.sigmoid(self.b_proj(x)).transpose(1, 2)  # [B, H, T]
         S0 = None if state is None else state["S"]
         if self.cfg.impl == "ref":
@@ -89,12 +82,11 @@ class DeltaNet(Mixer):
     def init_state(self, batch: int, device="cpu", dtype=torch.float32) -> State:
         state: State = {"S": torch.zeros(batch, self.n_heads, self.head_dim, self.head_dim, device=device, dtype=torch.float32)}
         if self.cfg.short_conv:
-            for name in ("q", "k", "v"):
-                state[f"conv_{name}"] = getattr(self, f"{name}_conv").init_cache(batch, device, dtype)
+            state["conv"] = self.conv.init_cache(batch, device, dtype)
         return state
 
     def state_size(self, seq_len: int) -> int:
-        conv = 3 * self.q_conv.cache_bytes() if self.cfg.short_conv else 0
+        conv = self.conv.cache_bytes() if self.cfg.short_conv else 0
         return self.n_heads * self.head_dim * self.head_dim * 4 + conv
 
     def flops_per_token(self, seq_len: int) -> float:

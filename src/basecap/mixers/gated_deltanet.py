@@ -61,9 +61,7 @@ class GatedDeltaNet(Mixer):
         H = self.n_heads = cfg.n_heads
         K = self.head_k = cfg.head_dim or max(1, (3 * d_model // 4) // H)
         V = self.head_v = cfg.expand_v * K
-        self.q_proj = nn.Linear(d_model, H * K, bias=False)
-        self.k_proj = nn.Linear(d_model, H * K, bias=False)
-        self.v_proj = nn.Linear(d_model, H * V, bias=False)
+        self.qkv_proj = nn.Linear(d_model, H * (2 * K + V), bias=False)
         self.g_proj = nn.Linear(d_model, H * V, bias=False)  # output gate
         self.a_proj = nn.Linear(d_model, H, bias=False)  # decay input
         self.b_proj = nn.Linear(d_model, H, bias=False)  # beta
@@ -73,20 +71,10 @@ class GatedDeltaNet(Mixer):
         self.dt_bias = nn.Parameter(dt + torch.log(-torch.expm1(-dt)))  # inverse softplus
         self.A_log._no_reinit = self.dt_bias._no_reinit = True
         self.A_log._no_weight_decay = self.dt_bias._no_weight_decay = True
-        if cfg.short_conv:
-            self.q_conv = ShortConv(H * K, cfg.conv_size)
-            self.k_conv = ShortConv(H * K, cfg.conv_size)
-            self.v_conv = ShortConv(H * V, cfg.conv_size)
+        if cfg.short_conv:  # depthwise, so one conv over [q, k, v] = three separate ones
+            self.conv = ShortConv(H * (2 * K + V), cfg.conv_size)
         self.o_norm = nn.RMSNorm(V, eps=cfg.norm_eps)
         self.o_proj = nn.Linear(H * V, d_model, bias=False)
-
-    def _conv(self, x: torch.Tensor, name: str, state: State | None, new_state: dict):
-        if not self.cfg.short_conv:
-            return F.silu(x)
-        y, cache = getattr(self, f"{name}_conv")(x, None if state is None else state[f"conv_{name}"])
-        if state is not None:
-            new_state[f"conv_{name}"] = cache
-        return y
 
     def log_decay(self, x: torch.Tensor) -> torch.Tensor:
         """g_t = log alpha_t <= 0, ``[B, H, T]``."""
@@ -97,9 +85,17 @@ class GatedDeltaNet(Mixer):
         B, T, _ = x.shape
         H, K, V = self.n_heads, self.head_k, self.head_v
         new_state: dict = {}
-        q = l2_normalize(self._conv(self.q_proj(x), "q", state, new_state).view(B, T, H, K).transpose(1, 2))
-        k = l2_normalize(self._conv(self.k_proj(x), "k", state, new_state).view(B, T, H, K).transpose(1, 2))
-        v = self._conv(self.v_proj(x), "v", state, new_state).view(B, T, H, V).transpose(1, 2)
+        qkv = self.qkv_proj(x)
+        if self.cfg.short_conv:
+            qkv, conv = self.conv(qkv, None if state is None else state["conv"])
+            if state is not None:
+                new_state["conv"] = conv
+        else:
+            qkv = F.silu(qkv)
+        q, k, v = qkv.split([H * K, H * K, H * V], dim=-1)
+        q = l2_normalize(q.view(B, T, H, K).transpose(1, 2))  # [B, H, T, K]
+        k = l2_normalize(k.view(B, T, H, K).transpose(1, 2))
+        v = v.view(B, T, H, V).transpose(1, 2)
         beta = torch.sigmoid(self.b_proj(x)).transpose(1, 2)  # [B, H, T]
         g = self.log_decay(x)
         S0 = None if state is None else state["S"]
@@ -117,12 +113,11 @@ class GatedDeltaNet(Mixer):
     def init_state(self, batch: int, device="cpu", dtype=torch.float32) -> State:
         state: State = {"S": torch.zeros(batch, self.n_heads, self.head_k, self.head_v, device=device, dtype=torch.float32)}
         if self.cfg.short_conv:
-            for name in ("q", "k", "v"):
-                state[f"conv_{name}"] = getattr(self, f"{name}_conv").init_cache(batch, device, dtype)
+            state["conv"] = self.conv.init_cache(batch, device, dtype)
         return state
 
     def state_size(self, seq_len: int) -> int:
-        conv = sum(getattr(self, f"{n}_conv").cache_bytes() for n in "qkv") if self.cfg.short_conv else 0
+        conv = self.conv.cache_bytes() if self.cfg.short_conv else 0
         return self.n_heads * self.head_k * self.head_v * 4 + conv
 
     def flops_per_token(self, seq_len: int) -> float:
