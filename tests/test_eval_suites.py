@@ -208,3 +208,29 @@ def test_mqar_is_learnable_by_a_tiny_attention_model():
                      vocab_size=64, seq_len=16, train_kv_pairs=(2,), test_kv_pairs=(2,), num_test=256, log=None)
     assert res["acc"][2] > 0.9, res  # chance is 1/32; seeds 0, 1, 2 reach >= 0.98
     assert res["state_bytes"] > 0 and res["params"]["total"] > 0
+
+
+@pytest.fixture(scope="module")
+def trained_run(tiny_recipe_path, tiny_corpus, tmp_path_factory):
+    """A real run directory: a tiny attention model trained a few steps on the conftest corpus."""
+    from basecap.config import RunConfig
+    from basecap.train import train
+
+    cfg = RunConfig(name="ev", data={"recipe": str(tiny_recipe_path), "train_weights": {"prose": 1.0}, "seq_len": 32},
+                    model={"d_model": 32, "n_layers": 2, "max_seq_len": 32, "mixer": {"name": "attention", "head_dim": 8}},
+                    train={"steps": 4, "batch_size": 4, "warmup_steps": 1, "progress": False},
+                    eval={"every": 4, "max_tokens": 256, "batch_size": 4})
+    run_dir = tmp_path_factory.mktemp("runs") / cfg.run_id
+    train(cfg, run_dir, corpus=tiny_corpus, log=lambda *_: None)
+    return run_dir
+
+
+def test_suites_on_a_run_directory(trained_run):
+    res = run_suite(trained_run, "niah", lengths=[400], depths=[0.5], samples=1)
+    assert res["model"] == "ev-s0" and res["checkpoint"].startswith("step_")
+    assert res["haystack"] == "corpus" and (trained_run / "eval_niah.json").exists()
+    assert (trained_run / "eval_niah.png").exists()
+    res = run_suite(trained_run, "extrapolation", windows=1, domains=["code"])
+    assert res["length"] == 128 and np.isfinite(res["domains"]["code"]["loss"]).all()
+    res = run_suite(trained_run, "recall", n=2)
+    assert res["tasks"]["extraction"]["context_tokens"] == 32
