@@ -92,6 +92,18 @@ def test_real_lm_eval_run_on_local_tasks(subject, tmp_path):
     assert res["n-samples"]["basecap_smoke_mc"]["effective"] == 4
 
 
+def test_tasks_generated_from_the_corpus(subject, tmp_path):
+    res = harness.run_lm_eval(subject, ["basecap_corpus"], limit=2, batch_size=4)
+    assert set(res["results"]) >= {"basecap_ppl_prose", "basecap_ppl_other", "basecap_extraction"}
+    assert res["results"]["basecap_ppl_other"]["bits_per_byte,none"] > 0
+    a = harness.write_corpus_tasks(subject, tmp_path / "a", n_docs=3, n_extraction=2)
+    b = harness.write_corpus_tasks(subject, tmp_path / "b", n_docs=3, n_extraction=2)
+    for f in ("ppl_prose.jsonl", "extraction.jsonl"):
+        assert (a / f).read_text() == (b / f).read_text()  # deterministic by seed
+    rec = json.loads((a / "extraction.jsonl").read_text().splitlines()[0])
+    assert rec["answers"][0] in rec["context"]
+
+
 def test_contains_metric():
     assert harness.contains_results({"answer": "Lisbon"}, [" lisbon and more"]) == {"contains": 1.0}
     assert harness.contains_results({"answers": ["x", "Oslo"]}, ["Riga"]) == {"contains": 0.0}
