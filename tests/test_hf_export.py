@@ -132,6 +132,20 @@ def test_labels_loss_padding_and_batching(exported, tiny_corpus):
             model.generate(batch, attention_mask=mask.flip(1), max_new_tokens=2)
 
 
+def test_weights_that_do_not_match_the_model_are_an_error(exported, tmp_path):
+    import shutil
+
+    _, out = exported["attention"]
+    bad = tmp_path / "bad"
+    shutil.copytree(out, bad)
+    cfg = json.loads((bad / "config.json").read_text())
+    cfg["basecap"]["n_layers"] = 3  # e.g. an export from a basecap version whose model differs
+    (bad / "config.json").write_text(json.dumps(cfg))
+    assert json.loads((out / "basecap_export.json").read_text())["run_id"] == "hf-s0"
+    with pytest.raises(ValueError, match="do not match.*missing_keys"):
+        _load(bad)
+
+
 def test_tied_embeddings_round_trip(tiny_corpus, tiny_recipe_path, tmp_path):
     from basecap.hf import export_run
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import torch
 from transformers import GenerationConfig, PreTrainedTokenizerFast
 
 from ..data.tokenizer import EOT
@@ -37,6 +38,7 @@ def export_tokenizer(tokenizer_path: str | Path, out_dir: str | Path, max_len: i
 def export_run(run_dir: str | Path, out_dir: str | Path, corpus=None, log=print) -> Path:
     """Export ``run_dir``'s newest good checkpoint to ``out_dir``; returns ``out_dir``."""
     from ..eval.final import load_trained
+    from ..train import environment_info
 
     model, cfg, corpus, ckpt = load_trained(run_dir, corpus, log)
     out = Path(out_dir)
@@ -47,7 +49,9 @@ def export_run(run_dir: str | Path, out_dir: str | Path, corpus=None, log=print)
     hf.generation_config = GenerationConfig(eos_token_id=eot, pad_token_id=eot, do_sample=False)
     hf.save_pretrained(str(out), max_shard_size="1000GB")  # one model.safetensors
     export_tokenizer(corpus.tokenizer_path, out, model.cfg.max_seq_len)
-    (out / "basecap_export.json").write_text(json.dumps({"run_id": cfg.run_id, "checkpoint": ckpt.name,
-                                                         "corpus": corpus.dir.name}, indent=1) + "\n")
+    run_info = json.loads((Path(run_dir) / "run.json").read_text())
+    provenance = {"run_id": cfg.run_id, "checkpoint": ckpt.name, "corpus": corpus.dir.name,
+                  "trained_with_commit": run_info.get("git_commit"), "basecap_commit": environment_info(torch.device("cpu"))["git_commit"]}
+    (out / "basecap_export.json").write_text(json.dumps(provenance, indent=1) + "\n")
     log(f"[{cfg.run_id}] exported {ckpt.name} to {out}")
     return out

@@ -11,6 +11,7 @@ from __future__ import annotations
 import inspect
 import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -123,6 +124,21 @@ class BasecapForCausalLM(PreTrainedModel, GenerationMixin):
         super().__init__(config)
         self.model = lm if lm is not None else LM(config.model_config())
         self.post_init()
+
+    @classmethod
+    def from_pretrained(cls, *args, **kwargs):
+        """Strict: weights that do not match this basecap version's model are an error (transformers would
+        otherwise initialise the missing ones at random and carry on)."""
+        want_info = kwargs.pop("output_loading_info", False)
+        model, info = super().from_pretrained(*args, output_loading_info=True, **kwargs)
+        bad = {k: sorted(map(str, v)) for k, v in info.items() if k in ("missing_keys", "unexpected_keys", "mismatched_keys") and v}
+        if bad:
+            where = Path(str(args[0] if args else kwargs.get("pretrained_model_name_or_path", ""))) / "basecap_export.json"
+            made = json.loads(where.read_text()).get("basecap_commit") if where.is_file() else None
+            raise ValueError(f"{args[0] if args else ''}: the exported weights do not match this basecap version's model "
+                             f"({'; '.join(f'{k}: {v[:6]}' for k, v in bad.items())}). Exported with basecap commit "
+                             f"{made or 'unknown'}: re-export the run with this version or use that one.")
+        return (model, info) if want_info else model
 
     def _init_weights(self, module):
         """``LM`` initialises its own parameters (including mixer-specific inits) on construction."""
