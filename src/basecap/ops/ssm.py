@@ -162,13 +162,13 @@ class _SelectiveScan(torch.autograd.Function):
         gg = torch.empty_like(g) if g is not None else None
         gAt = torch.zeros_like(At) if At is not None else None
         At2 = At * _LOG2E if At is not None else None
-        bufs = w.new_empty(6 if At is not None else 2, Bsz, min(chunk, T), N, E).unbind(0)
+        bufs = w.new_empty(5 if At is not None else 2, Bsz, min(chunk, T), N, E).unbind(0)
         for ci in reversed(range(starts.shape[1])):
             t0 = ci * chunk
             t1 = min(t0 + chunk, T)
             h_start = starts[:, ci]
             u, G, *rest = (b[:, : t1 - t0] for b in bufs)
-            a, a_scan, coef, tmp = rest if rest else (None,) * 4
+            a, a_scan, coef = rest if rest else (None,) * 3
             # recompute the chunk's states h_t (the scan turns u into h)
             _chunk_inputs(w, Bm, g, At2, t0, t1, u, a)
             if a is None:
@@ -185,17 +185,16 @@ class _SelectiveScan(torch.autograd.Function):
                 coef[:, -1].fill_(1.0)  # never multiplies anything; keep it finite
             scan_(coef, G, reverse=True)
             gw[:, t0:t1] = (Bm[:, t0:t1, None, :] @ G).squeeze(-2)
-            gB[:, t0:t1] = torch.einsum("blne,ble->bln", G, w[:, t0:t1])
-            gC[:, t0:t1] = torch.einsum("blne,ble->bln", h, gy[:, t0:t1])
+            gB[:, t0:t1] = (w[:, t0:t1, None, :] @ G.transpose(-1, -2)).squeeze(-2)
+            gC[:, t0:t1] = (gy[:, t0:t1, None, :] @ h.transpose(-1, -2)).squeeze(-2)
             if a is not None:
                 glog = torch.mul(G, a, out=a_scan)  # dL/d(log a_t) = G_t h_{t-1} a_t
                 glog[:, 1:].mul_(h[:, :-1])
                 glog[:, 0].mul_(h_start)
-                if g is None:
-                    gAt += glog.sum((0, 1))
-                else:
-                    gg[:, t0:t1] = torch.mul(glog, At, out=tmp).sum(2)
-                    gAt += torch.mul(glog, g[:, t0:t1, None, :], out=tmp).sum((0, 1))
+                if g is not None:
+                    gg[:, t0:t1] = torch.linalg.vecdot(glog, At, dim=2)
+                    glog.mul_(g[:, t0:t1, None, :])
+                gAt += glog.sum((0, 1))
             carry = G[:, 0].clone() if a is None else a[:, 0] * G[:, 0]
         gA = gAt.t() if gAt is not None else None
         return gw, gB, gC, gg, gA, (carry.transpose(1, 2) if ctx.has_h0 else None), None
