@@ -90,16 +90,31 @@ def _brent_kung_levels(L: int, reverse: bool) -> tuple[tuple[slice, slice, bool]
     return tuple(out)
 
 
+def scan_plan(a: torch.Tensor | None, u: torch.Tensor, reverse: bool = False) -> list:
+    """The strided views an in-place scan of (a, u) along dim 1 works on. Building them costs
+    more Python time than the arithmetic on small chunks, so buffers reused chunk after chunk
+    build their plan once."""
+    plan = []
+    for dst, src, upd in _brent_kung_levels(u.shape[1], reverse):
+        a_dst = a[:, dst] if a is not None else None
+        plan.append((u[:, dst], a_dst, u[:, src], a[:, src] if a is not None and upd else None))
+    return plan
+
+
+def run_scan(plan: list) -> None:
+    for u_dst, a_dst, u_src, a_src in plan:
+        if a_dst is None:
+            u_dst.add_(u_src)
+        else:
+            u_dst.addcmul_(a_dst, u_src)
+            if a_src is not None:
+                a_dst.mul_(a_src)
+
+
 def scan_(a: torch.Tensor | None, u: torch.Tensor, reverse: bool = False) -> torch.Tensor:
     """In place along dim 1: u_t <- a_t u_{t-1} + u_t (``reverse``: u_t <- a_t u_{t+1} + u_t).
     ``a`` (same shape as u, or None for a = 1) is overwritten with partial products."""
-    for dst, src, upd in _brent_kung_levels(u.shape[1], reverse):
-        if a is None:
-            u[:, dst].add_(u[:, src])
-        else:
-            u[:, dst].addcmul_(a[:, dst], u[:, src])
-            if upd:
-                a[:, dst].mul_(a[:, src])
+    run_scan(scan_plan(a, u, reverse))
     return u
 
 
@@ -132,17 +147,21 @@ class _SelectiveScan(torch.autograd.Function):
         y = w.new_empty(Bsz, T, E)
         u_buf = w.new_empty(Bsz, min(chunk, T), N, E)
         a_buf = torch.empty_like(u_buf) if At is not None else None
+        views = {}  # chunk length -> (u, a, scan plan) on the shared buffers
         starts = []
         for t0 in range(0, T, chunk):
             t1 = min(t0 + chunk, T)
             starts.append(h)
-            u, a = u_buf[:, : t1 - t0], (a_buf[:, : t1 - t0] if a_buf is not None else None)
+            if t1 - t0 not in views:
+                u, a = u_buf[:, : t1 - t0], (a_buf[:, : t1 - t0] if a_buf is not None else None)
+                views[t1 - t0] = (u, a, scan_plan(a, u))
+            u, a, plan = views[t1 - t0]
             _chunk_inputs(w, Bm, g, At2, t0, t1, u, a)
             if a is None:  # fold the carried state into step t0
                 u[:, 0].add_(h)
             else:
                 u[:, 0].addcmul_(a[:, 0], h)
-            scan_(a, u)
+            run_scan(plan)
             y[:, t0:t1] = (Cm[:, t0:t1, None, :] @ u).squeeze(-2)
             h = u[:, -1].clone()
         ctx.chunk = chunk
@@ -163,12 +182,16 @@ class _SelectiveScan(torch.autograd.Function):
         gAt = torch.zeros_like(At) if At is not None else None
         At2 = At * _LOG2E if At is not None else None
         bufs = w.new_empty(5 if At is not None else 2, Bsz, min(chunk, T), N, E).unbind(0)
+        views = {}
         for ci in reversed(range(starts.shape[1])):
             t0 = ci * chunk
             t1 = min(t0 + chunk, T)
             h_start = starts[:, ci]
-            u, G, *rest = (b[:, : t1 - t0] for b in bufs)
-            a, a_scan, coef = rest if rest else (None,) * 3
+            if t1 - t0 not in views:
+                u, G, *rest = (b[:, : t1 - t0] for b in bufs)
+                a, a_scan, coef = rest if rest else (None,) * 3
+                views[t1 - t0] = (u, G, a, a_scan, coef, scan_plan(a_scan, u), scan_plan(coef, G, reverse=True))
+            u, G, a, a_scan, coef, forward_plan, reverse_plan = views[t1 - t0]
             # recompute the chunk's states h_t (the scan turns u into h)
             _chunk_inputs(w, Bm, g, At2, t0, t1, u, a)
             if a is None:
@@ -176,14 +199,15 @@ class _SelectiveScan(torch.autograd.Function):
             else:
                 u[:, 0].addcmul_(a[:, 0], h_start)
                 a_scan.copy_(a)
-            h = scan_(a_scan, u)
+            run_scan(forward_plan)
+            h = u
             # G_t = dL/dh_t = C_t gy_t + a_{t+1} G_{t+1}: a reverse scan with coefficients a_{t+1}
             torch.mul(Cm[:, t0:t1, :, None], gy[:, t0:t1, None, :], out=G)
             G[:, -1].add_(carry)
             if a is not None:
                 coef[:, :-1].copy_(a[:, 1:])
                 coef[:, -1].fill_(1.0)  # never multiplies anything; keep it finite
-            scan_(coef, G, reverse=True)
+            run_scan(reverse_plan)
             gw[:, t0:t1] = (Bm[:, t0:t1, None, :] @ G).squeeze(-2)
             gB[:, t0:t1] = (w[:, t0:t1, None, :] @ G.transpose(-1, -2)).squeeze(-2)
             gC[:, t0:t1] = (gy[:, t0:t1, None, :] @ h.transpose(-1, -2)).squeeze(-2)
