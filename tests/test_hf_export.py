@@ -109,6 +109,20 @@ def test_generate_matches_basecap_greedy_decoding(exported, tiny_corpus, name):
     assert len(outs) > 1, "prompts should lead to different continuations"
 
 
+def test_beam_search_and_sampling_agree_with_and_without_the_cache(exported):
+    _, out = exported["deltanet"]  # beams reorder recurrent states and conv caches, not only KV caches
+    model, tok = _load(out)
+    ids = torch.tensor([tok.encode("The king said")])
+    kw = dict(max_new_tokens=6, eos_token_id=None, num_return_sequences=2)
+    beams = [model.generate(ids, num_beams=3, do_sample=False, use_cache=c, **kw) for c in (True, False)]
+    assert torch.equal(*beams)
+    samples = []
+    for c in (True, False):
+        torch.manual_seed(0)
+        samples.append(model.generate(ids, do_sample=True, temperature=1.5, use_cache=c, **kw))
+    assert torch.equal(*samples)
+
+
 def test_labels_loss_padding_and_batching(exported, tiny_corpus):
     run, out = exported["deltanet"]
     lm, *_ = load_trained(run, tiny_corpus, log=lambda *_: None)
