@@ -56,9 +56,8 @@ def taylor_attn_recurrent(q, k, v, kv=None, z=None, eps: float = 1e-12):
     KV = qf.new_zeros(B, H, Fd, v.shape[-1]) if kv is None else kv.float()
     Z = qf.new_zeros(B, H, Fd) if z is None else z.float()
     outs = []
-    for t in range(T):
-        q_t, k_t, v_t = qf[:, :, t], kf[:, :, t], v[:, :, t]
-        num = torch.einsum("bhf,bhfv->bhv", q_t, KV) - (q_t * Z).sum(-1, keepdim=True) * v_t
+    for q_t, k_t, v_t in zip(qf.unbind(2), kf.unbind(2), v.unbind(2)):
+        num = (q_t[..., None, :] @ KV).squeeze(-2) - (q_t * Z).sum(-1, keepdim=True) * v_t
         KV = KV + k_t[..., :, None] * v_t[..., None, :]
         Z = Z + k_t
         outs.append(v_t + num / ((q_t * Z).sum(-1, keepdim=True) + eps))

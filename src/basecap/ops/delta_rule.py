@@ -27,17 +27,15 @@ def delta_rule_recurrent(q, k, v, beta, g=None, scale: float | None = None, stat
     B, H, T, K = q.shape
     V = v.shape[-1]
     scale = K**-0.5 if scale is None else scale
-    q, k, v, beta = q.float(), k.float(), v.float(), beta.float()
+    q, k, v, beta = q.float() * scale, k.float(), v.float(), beta.float()
+    a = torch.ones_like(beta) if g is None else g.float().exp()
     S = q.new_zeros(B, H, K, V) if state is None else state.float()
     outs = []
-    for t in range(T):
-        if g is not None:
-            S = S * g[:, :, t].float().exp()[..., None, None]
-        k_t = k[:, :, t]  # [B, H, K]
-        pred = torch.einsum("bhk,bhkv->bhv", k_t, S)
-        delta = beta[:, :, t, None] * (v[:, :, t] - pred)  # [B, H, V]
-        S = S + k_t[..., :, None] * delta[..., None, :]
-        outs.append(torch.einsum("bhk,bhkv->bhv", q[:, :, t] * scale, S))
+    for q_t, k_t, v_t, b_t, a_t in zip(q.unbind(2), k.unbind(2), v.unbind(2), beta.unbind(2), a.unbind(2)):
+        S = S * a_t[..., None, None]
+        pred = (k_t[..., None, :] @ S).squeeze(-2)  # S^T k: what the memory returns for k_t, [B, H, V]
+        S = S + k_t[..., :, None] * (b_t[..., None] * (v_t - pred))[..., None, :]
+        outs.append((q_t[..., None, :] @ S).squeeze(-2))
     o = torch.stack(outs, dim=2) if outs else v.new_zeros(B, H, 0, V)
     return o, S
 
