@@ -180,6 +180,9 @@ class BasecapForCausalLM(PreTrainedModel, GenerationMixin):
             raise ValueError("basecap models take input_ids (inputs_embeds is not supported)")
         if output_hidden_states or output_attentions:
             raise ValueError("basecap models do not return hidden states or attention weights")
+        unknown = sorted(k for k, v in kwargs.items() if v is not None and k != "num_items_in_batch")
+        if unknown:
+            raise TypeError(f"BasecapForCausalLM.forward got unsupported arguments {unknown}")
         cache = cache if cache is not None else past_key_values
         if cache is not None and not isinstance(cache, BasecapCache):
             raise TypeError(f"basecap models keep their state in a BasecapCache, got {type(cache).__name__}")
