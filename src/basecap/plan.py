@@ -188,6 +188,8 @@ def _n(x: float, unit: str = "") -> str:
 
 
 def _duration(hours: float) -> str:
+    if hours < 1 / 60:
+        return f"{hours * 3600:.0f} s"
     return f"{hours * 60:.0f} min" if hours < 1 else f"{hours:.1f} h" if hours < 48 else f"{hours / 24:.1f} d"
 
 
@@ -218,6 +220,6 @@ def format_plan(rows: list[dict], as_json: bool = False) -> str:
     problems = [(r["run"], i) for r in rows for i in r["issues"]]
     if problems:
         lines += ["", "issues:"] + [f"  {run}: {msg}" for run, msg in problems]
-    lines += ["", f"total: {_duration(total_h)} on {r0['gpus']} GPUs ({total_h * r0['gpus']:.0f} GPU-hours), all runs and seeds, "
+    lines += ["", f"total: {_duration(total_h)} on {r0['gpus']} GPUs ({total_h * r0['gpus']:.3g} GPU-hours), all runs and seeds, "
               "evaluation not included"]
     return "\n".join(lines)
