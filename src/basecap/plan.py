@@ -189,7 +189,7 @@ def _n(x: float, unit: str = "") -> str:
 
 def _duration(hours: float) -> str:
     if hours < 1 / 60:
-        return f"{hours * 3600:.0f} s"
+        return f"{hours * 3600:.2g} s"
     return f"{hours * 60:.0f} min" if hours < 1 else f"{hours:.1f} h" if hours < 48 else f"{hours / 24:.1f} d"
 
 
