@@ -120,3 +120,16 @@ model = {preset = "110m"}
     assert big.model.d_model == 32  # explicit base values win over the preset
     with pytest.raises(ConfigError, match="size: 'huge' is not defined; allowed: tiny, big"):
         load_experiment(p, ["size=huge"])
+
+
+def test_size_can_override_one_run(tmp_path):
+    text = EXP.replace('name = "t"', 'name = "t"\nsize = "tiny"') + """
+[sizes.tiny.runs.b]
+model = {mixer = {window = 8}}
+"""
+    exp = load_experiment(write(tmp_path, text))
+    runs = {r.name: r for r in exp.resolve()}
+    assert runs["b"].model.mixer.window == 8 and runs["b"].model.mixer.position == "alibi"
+    assert runs["a"].model.mixer.window == 0
+    with pytest.raises(ConfigError, match=r"sizes.tiny.runs: unknown run\(s\) \['zz'\]"):
+        load_experiment(write(tmp_path, text.replace("runs.b]", "runs.zz]")))

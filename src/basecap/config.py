@@ -112,7 +112,10 @@ class ExperimentConfig(Strict):
     seeds: list[int] = Field(default_factory=lambda: [0], min_length=1)
     reference: str | None = Field(None, description="run name the report compares every other run against")
     size: str | None = Field(None, description="which [sizes.<name>] table to apply to the base (e.g. tiny, 110m, 1.3b)")
-    sizes: dict[str, dict[str, Any]] = Field(default_factory=dict, description="named overrides of the base sections, chosen by size")
+    sizes: dict[str, dict[str, Any]] = Field(default_factory=dict, description="named overrides of the base sections, chosen by size; "
+                                             "sizes.<s>.runs.<run> overrides one run at that size")
+    suites: list[dict[str, Any]] = Field(default_factory=list, description="evaluation suites run on every trained run: "
+                                         "[[suites]] suite = 'mqar' plus that suite's options")
     data: dict[str, Any] = Field(default_factory=dict)
     model: dict[str, Any] = Field(default_factory=dict)
     train: dict[str, Any] = Field(default_factory=dict)
@@ -130,9 +133,15 @@ class ExperimentConfig(Strict):
         if self.size is not None and self.size not in self.sizes:
             raise ValueError(f"size: {self.size!r} is not defined; allowed: {', '.join(self.sizes) or '(no [sizes.*] tables)'}")
         for sname, over in self.sizes.items():
-            extra = set(over) - set(_SECTIONS)
+            extra = set(over) - {*_SECTIONS, "runs"}
             if extra:
-                raise ValueError(f"sizes.{sname}: unknown key(s) {sorted(extra)}; allowed: {', '.join(_SECTIONS)}")
+                raise ValueError(f"sizes.{sname}: unknown key(s) {sorted(extra)}; allowed: {', '.join(_SECTIONS)}, runs")
+            unknown_runs = set(over.get("runs", {})) - set(names)
+            if unknown_runs:
+                raise ValueError(f"sizes.{sname}.runs: unknown run(s) {sorted(unknown_runs)}; runs are {names}")
+        for i, spec in enumerate(self.suites):
+            if "suite" not in spec:
+                raise ValueError(f"suites[{i}]: needs a 'suite' key")
         if self.reference is not None and self.runs and self.reference not in names:
             raise ValueError(f"reference: {self.reference!r} is not a run name; runs are {names}")
         return self
@@ -143,8 +152,8 @@ class ExperimentConfig(Strict):
     def resolve(self) -> list[RunConfig]:
         """Every (run, seed) as a validated RunConfig; all errors are raised before any compute."""
         base = {k: getattr(self, k) for k in _SECTIONS}
-        if self.size is not None:
-            base = deep_merge(base, self.sizes[self.size])
+        size = self.sizes.get(self.size, {}) if self.size is not None else {}
+        base = deep_merge(base, {k: v for k, v in size.items() if k != "runs"})
         runs = self.runs or [{"name": self.name}]
         out = []
         for i, spec in enumerate(runs):
@@ -152,6 +161,7 @@ class ExperimentConfig(Strict):
             if extra:
                 raise ConfigError(f"runs[{i}] ({spec['name']}): unknown key(s) {sorted(extra)}; allowed: name, {', '.join(_SECTIONS)}")
             merged = deep_merge(base, {k: v for k, v in spec.items() if k in _SECTIONS})
+            merged = deep_merge(merged, size.get("runs", {}).get(spec["name"], {}))
             for seed in self.seeds:
                 out.append(validate_run({"name": spec["name"], "seed": seed, **merged}, prefix=f"runs[{i}] ({spec['name']})"))
         return out
@@ -219,4 +229,8 @@ def load_experiment(path: str | Path, overrides: list[str] | None = None) -> Exp
     except ValidationError as e:
         raise ConfigError(f"{path}: " + format_validation_error(e)) from None
     exp.resolve()  # validate every run now, before any compute
+    for spec in exp.suites:
+        from .eval.suites import check_suite_options
+
+        check_suite_options(spec["suite"], {k: v for k, v in spec.items() if k != "suite"})
     return exp
