@@ -117,7 +117,7 @@ class LM(nn.Module):
         for name, mod in self.named_modules():
             if getattr(mod, "_no_reinit", False):
                 continue
-            if isinstance(mod, (nn.Linear, nn.Embedding)) and not getattr(mod.weight, "_no_reinit", False):
+            if isinstance(mod, (nn.Linear, nn.Embedding)) and not getattr(mod.weight, "_no_reinit", False) and not mod.weight.is_meta:
                 s = std / math.sqrt(2 * self.cfg.n_layers) if name.endswith(("o_proj", "out_proj", "down")) else std
                 nn.init.normal_(mod.weight, 0.0, s)
 

@@ -169,3 +169,19 @@ def run_suite(run_dir, suite: str, out_dir: str | Path | None = None, **options)
     res = {"suite": suite, "model": subject.name, **subject.info, "seconds": round(time.time() - t0, 2), **res}
     write_json(out_dir / f"eval_{suite}.json", res)
     return res
+
+
+def check_suite_options(suite: str, options: dict) -> None:
+    """Validate a suite name and its options before any compute (used by experiment files)."""
+    import importlib
+
+    from ..config_base import ConfigError
+
+    if suite not in SUITES:
+        raise ConfigError(f"suites: unknown suite {suite!r}; allowed: {', '.join(sorted(SUITES))}")
+    mod, fn_name = _RUNNERS[suite].split(":")
+    fn = getattr(importlib.import_module(f"{__package__}.{mod}"), fn_name)
+    allowed = [p for p in inspect.signature(fn).parameters if p not in ("subject", "out_dir")]
+    bad = sorted(set(options) - set(allowed))
+    if bad:
+        raise ConfigError(f"suites: suite {suite!r}: unknown option(s) {bad}; allowed: {', '.join(allowed)}")
