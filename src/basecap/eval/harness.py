@@ -66,6 +66,8 @@ class BasecapLM(TemplateLM):
         self.tokenizer = subject.tokenizer
         self.batch_size = int(batch_size) if str(batch_size).isdigit() else 8
         self.max_length = int(max_length or subject.seq_len)
+        if subject.max_positions() is not None:
+            self.max_length = min(self.max_length, subject.max_positions())
         self.max_gen_toks = int(max_gen_toks)
         self._device = subject.device
 
