@@ -106,6 +106,20 @@ def _cmd_mixers(args):
         print(format_table(rows, args.preset, args.seq_len))
 
 
+def _cmd_export(args):
+    from .hf import export_run
+
+    path = export_run(args.run_dir, args.out_dir)
+    print(f"exported: {path} (load with AutoModelForCausalLM.from_pretrained after `import basecap.hf`)")
+
+
+def _cmd_plan(args):
+    from .plan import format_plan, plan_experiment
+
+    rows = plan_experiment(args.experiment, args.set, gpus=args.gpus, gpu=args.gpu_type, mfu=args.mfu, parallel=args.parallel)
+    print(format_plan(rows, as_json=args.json))
+
+
 def _cmd_bench(args):
     mod = importlib.import_module(f"basecap.bench.{args.name}")
     mod.main(args.args)
@@ -167,6 +181,25 @@ def build_parser() -> argparse.ArgumentParser:
     mx.add_argument("--seq-len", type=int, default=2048)
     mx.add_argument("--json", action="store_true", help="machine-readable output")
     mx.set_defaults(fn=_cmd_mixers)
+
+    x = sub.add_parser("export", help="write a trained run as a Hugging Face model folder",
+                       description="Write RUN_DIR's newest good checkpoint as a Hugging Face folder (config.json, safetensors, "
+                       "tokenizer files). It loads with AutoModelForCausalLM once basecap.hf is imported; generate() matches "
+                       "basecap's own decoding.")
+    x.add_argument("run_dir")
+    x.add_argument("out_dir")
+    x.set_defaults(fn=_cmd_export)
+
+    pl = sub.add_parser("plan", help="parameters, FLOPs, memory per GPU and wall time of every run, before launching",
+                        description="Build every run's model on the meta device and estimate parameters, FLOPs per token, memory "
+                        "per GPU and wall time for a number of GPUs (formulas in docs/scaling.md).")
+    experiment_args(pl)
+    pl.add_argument("--gpus", type=int, default=8)
+    pl.add_argument("--gpu-type", default="H100-80GB", help="A100-40GB, A100-80GB, H100-80GB, H200-141GB, L40S-48GB")
+    pl.add_argument("--mfu", type=float, default=0.4, help="assumed model FLOPs utilisation")
+    pl.add_argument("--parallel", choices=["ddp", "fsdp"], default=None, help="default: each run's train.parallel")
+    pl.add_argument("--json", action="store_true")
+    pl.set_defaults(fn=_cmd_plan)
 
     b = sub.add_parser("bench", help="speed benchmarks (print a table, write JSON and a plot)",
                        description="Benchmarks: " + "; ".join(f"{k}: {v}" for k, v in BENCHES.items()) + ". "
