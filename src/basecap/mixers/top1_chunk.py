@@ -28,8 +28,8 @@ from typing import Literal
 import torch
 from pydantic import Field
 
-from ..ops.top1 import (NEG_INF, SEL_DTYPE, approx_scores, attend_selected, candidate_lse, chunk_key_sums,
-                        exact_select, merge_softmax, st_gate, tile_attention)
+from ..ops.top1 import (NEG_INF, SEL_DTYPE, approx_select, attend_selected, candidate_lse, exact_select,
+                        merge_softmax, st_gate)
 from .base import State
 from .top1_element import SelectionConfig, SelectionMixer
 
@@ -40,6 +40,7 @@ class Top1ChunkConfig(SelectionConfig):
     chunk_len: int = Field(128, gt=0, description="C: positions per selectable chunk (paper: 128)")
     own_chunk: Literal["candidate", "always"] = "candidate"
     selector_grad: Literal["straight_through", "none"] = "straight_through"
+    chunk_size: int = Field(32, gt=0, description="queries per tile of the chunked/fast forms (rows of Exact's selection blocks: 4x); results do not depend on it")
 
 
 def chunk_ref(q, k, v, q_pos, scale: float, cfg: Top1ChunkConfig) -> torch.Tensor:
@@ -94,8 +95,8 @@ class Top1Chunk(SelectionMixer):
         cfg = self.cfg
         if impl == "ref":
             return chunk_ref(q, k, v, q_pos, self.scale, cfg)
-        C, own, scale, block = cfg.chunk_len, cfg.own_chunk, self.scale, self._block(impl)
-        kernel = tile_attention
+        C, own, scale, block, Q = cfg.chunk_len, cfg.own_chunk, self.scale, 4 * self._block(impl), cfg.chunk_size
+        kernel = None
         if impl == "fast":
             from ..kernels.top1_cuda import sdpa_tile_attention as kernel
         gate = cfg.selector_grad == "straight_through" and torch.is_grad_enabled()
@@ -103,29 +104,23 @@ class Top1Chunk(SelectionMixer):
         if cfg.selection == "approx":
             offset = int(q_pos[0])
             prev = None if state is None else state["ksum"]
-            prefix, sums = chunk_key_sums(k[:, :, offset:].to(SEL_DTYPE), prev, offset, C)
+            sel, gate_ap, sums = approx_select(q, k[:, :, offset:], prev, q_pos, scale, C, own)
             if new_state is not None:
                 new_state["ksum"] = sums
-            a = approx_scores(q.to(SEL_DTYPE), prefix, sums, q_pos, scale, C, own)  # [B, H, T, n_chunks]
-            best, sel = a.detach().max(-1)
-            valid = torch.isfinite(best)
-            if gate:
-                log_p = torch.log_softmax(torch.where(valid[..., None], a, 0.0), -1)
-                log_p = log_p.gather(-1, sel[..., None])[..., 0].to(q.dtype)
         else:
             sel, L = exact_select(q, k, q_pos, scale, C, own, block)
-            valid = torch.isfinite(L)
-        sel = torch.where(valid, sel, -1)
+            sel = torch.where(torch.isfinite(L), sel, -1)
         need_lse = own == "always" or (gate and cfg.selection == "exact")
-        o, lse = attend_selected(q, k, v, sel, q_pos, scale, C, cfg.chunk_size, need_lse, kernel)
-        if gate and cfg.selection == "exact":
-            log_p = lse - candidate_lse(q, k, L, q_pos, scale, C, own, block)
+        o, lse = attend_selected(q, k, v, sel, q_pos, scale, C, Q, kernel, need_lse)
+        if gate:  # P_sel / stopgrad(P_sel): value 1, gradient d log P_sel
+            g = gate_ap if cfg.selection == "approx" else st_gate(
+                torch.where(sel >= 0, lse - candidate_lse(q, k, L, q_pos, scale, C, own, block), 0.0))
         if own == "always":
             own_sel = (q_pos // C).expand(B, H, T)
-            o_own, lse_own = attend_selected(q, k, v, own_sel, q_pos, scale, C, cfg.chunk_size, True, kernel)
+            o_own, lse_own = attend_selected(q, k, v, own_sel, q_pos, scale, C, Q, kernel, True)
             o = merge_softmax(o, lse, o_own, lse_own)
         if gate:
-            o = o * st_gate(torch.where(valid, log_p, 0.0))[..., None]
+            o = o * g[..., None]
         return o
 
     def init_state(self, batch: int, device="cpu", dtype=torch.float32) -> State:

@@ -12,7 +12,7 @@ cost accounting: docs/top1.md.
 from __future__ import annotations
 
 import math
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -20,6 +20,8 @@ import torch.nn.functional as F
 Tensor = torch.Tensor
 SEL_DTYPE = torch.float64
 NEG_INF = float("-inf")
+TILE_BATCH_ELEMS = 2**18  # scores per tile batch of the CPU path (~1 MB: stays in cache)
+SELECT_BLOCK = 1024  # queries per block of the Approx selection
 
 
 # ---- Top-1 Element -------------------------------------------------------------------------
@@ -110,18 +112,116 @@ def candidates(q_pos: Tensor, n_chunks: int, C: int, own: str) -> Tensor:
     return j <= c if own == "candidate" else j < c
 
 
-def approx_scores(q: Tensor, prefix: Tensor, sums: Tensor, q_pos: Tensor, scale: float, C: int, own: str) -> Tensor:
-    """a_tj = q_t . kbar_tj * scale + log n_tj over candidate chunks (-inf elsewhere), in q's dtype.
+def _chunk_aligned_blocks(offset: int, Tq: int, C: int, R: int) -> list[tuple[int, int]]:
+    """Query ranges [s, e) cut at chunk boundaries, R chunks each (T / (R C) + 1 ranges)."""
+    out, s = [], 0
+    while s < Tq:
+        e = min(Tq, ((offset + s) // C + R) * C - offset)
+        out.append((s, e))
+        s = e
+    return out
 
-    kbar_tj is the mean of the n_tj keys of chunk j visible to t (n = C for earlier chunks)."""
-    n_chunks = sums.shape[2]
-    c = q_pos // C
-    n_own = (q_pos % C + 1).to(q.dtype)
-    a = (q @ sums.transpose(-1, -2)) * (scale / C) + math.log(C)  # complete chunks
-    a_own = (q * prefix).sum(-1) * scale / n_own + n_own.log()  # the chunk in progress
-    is_own = torch.arange(n_chunks, device=q.device)[None, :] == c[:, None]
-    a = torch.where(is_own, a_own[..., None], a)
-    return a.masked_fill(~candidates(q_pos, n_chunks, C, own), NEG_INF)
+
+def _within_chunk_cumsum(x: Tensor, offset: int, C: int, carry: Tensor | None = None, reverse: bool = False,
+                         dtype: torch.dtype | None = None) -> Tensor:
+    """Cumulative sums of ``x [B, H, b, D]`` (positions offset..offset+b-1) restarting at every chunk;
+    ``carry [B, H, D]`` is the sum of the first chunk's earlier positions. ``reverse``: suffix sums."""
+    B, H, b, D = x.shape
+    r = offset % C
+    nb = -(-(r + b) // C)
+    y = (x if nb * C == b else F.pad(x, (0, 0, r, nb * C - r - b))).reshape(B, H, nb, C, D)
+    y = y.flip(3).cumsum(3, dtype=dtype).flip(3) if reverse else y.cumsum(3, dtype=dtype)
+    y = y.view(B, H, nb * C, D)[:, :, r : r + b]
+    if carry is not None and r:
+        y[:, :, : C - r] += carry[:, :, None]  # the first chunk's positions before offset
+    return y
+
+
+class _ApproxSelect(torch.autograd.Function):
+    """Approx selection in blocks of ``R`` chunks of queries (only O(R C n_chunks) scores at a time).
+
+    a_tj = q_t . kbar_tj * scale + log n_tj, kbar_tj the mean of the n_tj keys of chunk j visible to t
+    (n = C for the complete chunks j < c(t); the running prefix over t % C + 1 keys for the own chunk
+    j = c(t)). Selection in float64, ties to the lowest index. Returns ``sel`` (-1: no candidate), the
+    straight-through gate P_t,sel / stopgrad(P_t,sel) (value 1; P = softmax of a over the candidates)
+    and the float64 per-chunk key sums (the decode state)."""
+
+    @staticmethod
+    def forward(ctx, q, k, prev_sums, q_pos, scale, C, own, R):
+        B, H, Tq, D = q.shape
+        offset = int(q_pos[0])
+        sums = q.new_zeros(B, H, -(-(offset + Tq) // C), D, dtype=SEL_DTYPE)
+        carry = None
+        if prev_sums is not None and prev_sums.shape[2]:
+            sums[:, :, : prev_sums.shape[2]] = prev_sums
+            carry = prev_sums[:, :, offset // C] if offset % C else None  # the chunk in progress
+        sel = torch.empty(B, H, Tq, dtype=torch.long, device=q.device)
+        for s, e in _chunk_aligned_blocks(offset, Tq, C, R):
+            pos = q_pos[s:e]
+            c = torch.div(pos, C, rounding_mode="floor")
+            c0, c1 = (offset + s) // C, (offset + e - 1) // C
+            prefix = _within_chunk_cumsum(k[:, :, s:e], offset + s, C, carry if s == 0 else None, dtype=SEL_DTYPE)
+            last = torch.clamp(torch.arange(c0 + 1, c1 + 2, device=q.device) * C - offset - s, max=e - s) - 1
+            sums[:, :, c0 : c1 + 1] = prefix[:, :, last]  # running chunk totals
+            qb = q[:, :, s:e].to(SEL_DTYPE).mul_(scale)
+            best = qb.new_full((B, H, e - s), NEG_INF)
+            j = torch.zeros(B, H, e - s, dtype=torch.long, device=q.device)
+            if c1 > 0:  # complete chunks j < c(t)
+                a = (qb @ sums[:, :, :c1].transpose(-1, -2)).masked_fill_(torch.arange(c1, device=q.device) >= c[:, None], NEG_INF)
+                best, j = a.max(-1)
+            if own == "candidate":
+                n = (pos % C + 1).to(SEL_DTYPE)
+                a_own = (qb * prefix).sum(-1) / n + n.log()
+                sel[:, :, s:e] = torch.where(a_own > best / C + math.log(C), c, j)
+            else:
+                sel[:, :, s:e] = torch.where(torch.isfinite(best), j, -1)
+        ctx.save_for_backward(q, k, sums.to(q.dtype), sel, q_pos)
+        ctx.scale, ctx.C, ctx.own, ctx.R = scale, C, own, R
+        ctx.carry = None if carry is None else carry.to(q.dtype)
+        ctx.mark_non_differentiable(sel, sums)
+        return sel, torch.ones_like(q[..., 0]), sums
+
+    @staticmethod
+    def backward(ctx, _dsel, g, _dsums):
+        q, k, sums, sel, q_pos = ctx.saved_tensors
+        scale, C, cand_own = ctx.scale, ctx.C, ctx.own == "candidate"
+        offset = int(q_pos[0])
+        g = torch.where(sel >= 0, g, 0.0)
+        dq, dk, dsums = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(sums)
+        for s, e in _chunk_aligned_blocks(offset, q.shape[2], C, ctx.R):
+            pos = q_pos[s:e]
+            c = torch.div(pos, C, rounding_mode="floor")[:, None]
+            ncols = int(c[-1]) + 1 if cand_own else int(c[-1])
+            if ncols <= 1:
+                continue  # one candidate at most: d log P / d a = 0
+            qb, gb = q[:, :, s:e] * scale, g[:, :, s:e, None]
+            a = (qb @ sums[:, :, :ncols].transpose(-1, -2)) / C + math.log(C)
+            col = torch.arange(ncols, device=q.device)
+            if cand_own:
+                prefix = _within_chunk_cumsum(k[:, :, s:e], offset + s, C, ctx.carry if s == 0 else None)
+                n = (pos % C + 1).to(q.dtype)[:, None]
+                a.scatter_(-1, c.expand(*a.shape[:2], -1, 1), (qb * prefix).sum(-1, keepdim=True) / n + n.log())
+            allowed = col <= c if cand_own else col < c
+            a.masked_fill_(~allowed, NEG_INF).masked_fill_(~allowed.any(-1, keepdim=True), 0.0)  # no candidate: g = 0
+            da = torch.softmax(a, dim=-1).mul_(-gb).scatter_add_(-1, sel[:, :, s:e, None].clamp(min=0), gb)  # (onehot - p) g
+            if cand_own:
+                own_col = c.expand(*a.shape[:2], -1, 1)
+                down = da.gather(-1, own_col) / n
+                da.scatter_(-1, own_col, 0.0)
+                dq[:, :, s:e] = down * prefix * scale
+                dk[:, :, s:e] = _within_chunk_cumsum(down * qb, offset + s, C, reverse=True)  # a key feeds later prefixes
+            da /= C
+            dq[:, :, s:e] += (da @ sums[:, :, :ncols]) * scale
+            dsums[:, :, :ncols] += da.transpose(-1, -2) @ qb
+        return dq, dk + dsums.index_select(2, torch.div(q_pos, C, rounding_mode="floor")), None, None, None, None, None, None
+
+
+def approx_select(q: Tensor, k: Tensor, prev_sums: Tensor | None, q_pos: Tensor, scale: float, C: int,
+                  own: str) -> tuple[Tensor, Tensor, Tensor]:
+    """Approx selection for queries ``q`` whose own keys ``k`` (same positions ``q_pos``) are new;
+    ``prev_sums`` are the float64 per-chunk key sums of the earlier positions (None at the start).
+    Returns ``(sel, gate, sums)``; the gate's gradient reaches q and k (not ``prev_sums``)."""
+    return _ApproxSelect.apply(q, k, prev_sums, q_pos, scale, C, own, max(1, SELECT_BLOCK // C))
 
 
 @torch.no_grad()
@@ -182,74 +282,192 @@ def candidate_lse(q: Tensor, k: Tensor, L: Tensor, q_pos: Tensor, scale: float, 
 
 
 # ---- attention inside the selected chunk ---------------------------------------------------
-TileKernel = Callable[[Tensor, Tensor, Tensor, Tensor, float, bool], tuple[Tensor, Tensor | None]]
+class TileLayout(NamedTuple):
+    """Queries grouped by (batch*head, chunk) and cut into tiles of Q slots (see ``tile_layout``)."""
+
+    order: Tensor  # [n_items] flat query ids (bh * Tq + t), grouped by chunk
+    dest: Tensor  # [n_items] flat slot tile * Q + slot of each item of ``order`` (strictly increasing)
+    tile_group: Tensor  # [n_tiles] bh * n_chunks + chunk of each tile
+    n_chunks: int
+    Q: int
+    C: int
+    Tq: int
+    Tk: int
 
 
-def tile_attention(qt: Tensor, kt: Tensor, vt: Tensor, mask: Tensor, scale: float, need_lse: bool) -> tuple[Tensor, Tensor | None]:
-    """Softmax attention per tile: ``qt [N, Q, D]``, ``kt, vt [N, C, D]``, ``mask [N, Q, C]``."""
-    s = torch.bmm(qt * scale, kt.transpose(1, 2)).masked_fill(~mask, NEG_INF)
-    lse = s.logsumexp(-1) if need_lse else None
-    return torch.bmm(torch.softmax(s, dim=-1), vt), lse
-
-
-def group_into_tiles(groups: Tensor, n_groups: int, Q: int) -> tuple[Tensor, Tensor, Tensor]:
-    """Sort items by group and cut each group into tiles of Q slots.
-
-    ``groups [N]`` in ``[0, n_groups)`` or -1 (item skipped). Returns ``order`` (item ids, grouped),
-    ``dest`` (flat slot ``tile * Q + slot`` of each item of ``order``) and ``tile_group [n_tiles]``.
-    At most one partly filled tile per group: n_tiles <= N / Q + n_groups."""
+def tile_layout(sel: Tensor, Tk: int, C: int, Q: int) -> TileLayout:
+    """``sel [B, H, Tq]`` chunk ids (-1 = none). Each (bh, chunk) group gets ceil(count / Q) tiles,
+    so n_tiles <= n_items / Q + n_groups (at most one partly filled tile per group)."""
+    B, H, Tq = sel.shape
+    n_chunks = -(-Tk // C)
+    bh = torch.arange(B * H, device=sel.device)[:, None]
+    flat = sel.reshape(B * H, Tq)
+    groups = torch.where(flat >= 0, bh * n_chunks + flat, -1).reshape(-1)
     items = (groups >= 0).nonzero().squeeze(1)
     g, perm = torch.sort(groups[items], stable=True)
-    order = items[perm]
-    counts = torch.bincount(g, minlength=n_groups)
+    counts = torch.bincount(g, minlength=B * H * n_chunks)
     tiles = (counts + Q - 1) // Q
     tile_start = tiles.cumsum(0) - tiles
-    seg_start = counts.cumsum(0) - counts
-    rank = torch.arange(g.numel(), device=g.device) - seg_start[g]
-    tile = tile_start[g] + torch.div(rank, Q, rounding_mode="floor")
-    tile_group = torch.zeros(int(tiles.sum()), dtype=torch.long, device=g.device).scatter_(0, tile, g)
-    return order, tile * Q + rank % Q, tile_group
+    rank = torch.arange(g.numel(), device=g.device) - (counts.cumsum(0) - counts)[g]
+    tile_group = torch.zeros(int(tiles.sum()), dtype=torch.long, device=g.device)
+    tile_group.scatter_(0, tile_start[g] + torch.div(rank, Q, rounding_mode="floor"), g)
+    return TileLayout(items[perm], tile_start[g] * Q + rank, tile_group, n_chunks, Q, C, Tq, Tk)
+
+
+def _tile_keys(L: TileLayout, tiles: Tensor, q_pos_of_slots: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """For tiles ``tiles`` (their group ids): key rows (bh, clamped key index) and the causal mask."""
+    kpos = (tiles % L.n_chunks)[:, None] * L.C + torch.arange(L.C, device=tiles.device)  # [n, C]
+    mask = (kpos[:, None, :] <= q_pos_of_slots.view(len(tiles), L.Q)[:, :, None]) & (kpos < L.Tk)[:, None, :]
+    return torch.div(tiles, L.n_chunks, rounding_mode="floor"), kpos.clamp(max=L.Tk - 1), mask
 
 
 def _rows(x: Tensor, bh: Tensor, idx: Tensor) -> Tensor:
     """x [B, H, T, D] -> x.flatten(0, 1)[bh[:, None], idx] as [N, C, D], without copying x."""
     if x.is_contiguous():
         T = x.shape[2]
-        return x.reshape(-1, x.shape[-1]).index_select(0, (bh[:, None] * T + idx).reshape(-1)).view(idx.shape[0], idx.shape[1], x.shape[-1])
+        rows = (bh[:, None] * T + idx).reshape(-1)
+        return x.reshape(-1, x.shape[-1]).index_select(0, rows).view(idx.shape[0], idx.shape[1], x.shape[-1])
     return x.flatten(0, 1)[bh[:, None], idx]
 
 
+def _slot_positions(L: TileLayout, q_pos: Tensor, items: Tensor, slots: Tensor, n_slots: int) -> Tensor:
+    # padding slots get an "infinite" position: they see their whole chunk (no all-masked rows), are dropped
+    big = torch.full((n_slots,), torch.iinfo(torch.long).max, dtype=torch.long, device=q_pos.device)
+    return big.index_copy(0, slots, q_pos[items % L.Tq])
+
+
+class _TileBatches:
+    """Per tile batch: the items it holds, their slots, and gathered chunk keys/values."""
+
+    def __init__(self, L: TileLayout, k: Tensor, q_pos: Tensor, tb: int):
+        self.L, self.tb, self.q_pos = L, tb, q_pos
+        n_tiles = L.tile_group.numel()
+        self.bounds = torch.searchsorted(L.dest, torch.arange(0, n_tiles + tb, tb, device=k.device) * L.Q).tolist()
+        self.starts = list(range(0, n_tiles, tb))
+        # additive causal bias by number of visible keys: row l = [0] * l + [-inf] * (C - l)
+        hidden = torch.arange(L.C, device=k.device)[None, :] >= torch.arange(L.C + 1, device=k.device)[:, None]
+        self.bias = torch.zeros(L.C + 1, L.C, dtype=k.dtype, device=k.device).masked_fill_(hidden, NEG_INF)
+        self.chunked = k.is_contiguous()  # gather whole chunks of a [BH * n_chunks, C, D] view; else rows
+        n_items = k.shape[0] * k.shape[1] * L.Tq  # slot -> source row; padding slots read row n_items (zeros)
+        self.src = torch.full((n_tiles * L.Q,), n_items, dtype=torch.long, device=k.device).index_copy_(0, L.dest, L.order)
+        big = torch.tensor([torch.iinfo(torch.long).max], device=k.device)
+        self.pos = torch.cat([q_pos.repeat(n_items // L.Tq), big])  # padding slots see their whole chunk
+
+    def chunks(self, x: Tensor) -> Tensor:
+        """x [B, H, Tk, D] as [BH * n_chunks, C * D] (2-D: row gathers are plain block copies)."""
+        B, H, Tk, D = x.shape
+        pad = self.L.n_chunks * self.L.C - Tk
+        return (F.pad(x, (0, 0, 0, pad)) if pad else x).view(B * H * self.L.n_chunks, self.L.C * D)
+
+    def __iter__(self):
+        L = self.L
+        for b, t0 in enumerate(self.starts):
+            tiles = L.tile_group[t0 : t0 + self.tb]
+            items, slots = L.order[self.bounds[b] : self.bounds[b + 1]], L.dest[self.bounds[b] : self.bounds[b + 1]] - t0 * L.Q
+            src = self.src[t0 * L.Q : (t0 + len(tiles)) * L.Q]
+            start = (tiles % L.n_chunks) * L.C
+            qpos = self.pos.index_select(0, src).view(len(tiles), L.Q)
+            visible = torch.minimum((qpos - start[:, None]).clamp(max=L.C - 1) + 1, (L.Tk - start).clamp(max=L.C)[:, None])
+            yield tiles, items, slots, src, self.bias.index_select(0, visible.view(-1)).view(len(tiles), L.Q, L.C)
+
+    def gather(self, xc: Tensor | None, x: Tensor, tiles: Tensor) -> Tensor:
+        if xc is not None:
+            return xc.index_select(0, tiles).view(len(tiles), self.L.C, -1)
+        bh, kidx, _ = _tile_keys(self.L, tiles, tiles.new_zeros(len(tiles) * self.L.Q))
+        return x.flatten(0, 1)[bh[:, None], kidx]
+
+
+def _with_zero_row(x: Tensor) -> Tensor:
+    return torch.cat([x, x.new_zeros((1,) + tuple(x.shape[1:]))])
+
+
+class _TileAttention(torch.autograd.Function):
+    """Softmax attention of each query inside its selected chunk, ``tb`` tiles at a time, flash style:
+    saves o and lse and recomputes the [Q, C] probabilities in backward, so temporaries stay in cache.
+    Returns ``o [BH*Tq, D]`` (0 for unselected queries) and ``lse [BH*Tq]`` (-inf there)."""
+
+    @staticmethod
+    def forward(ctx, q_flat, k, v, q_pos, L: TileLayout, scale, tb):
+        D, Q = q_flat.shape[1], L.Q
+        o = q_flat.new_zeros(q_flat.shape)
+        lse = q_flat.new_full(q_flat.shape[:1], NEG_INF)
+        batches = _TileBatches(L, k, q_pos, tb)
+        kc, vc = (batches.chunks(k), batches.chunks(v)) if batches.chunked else (None, None)
+        qs = _with_zero_row(q_flat * scale)
+        for tiles, items, slots, src, bias in batches:
+            qt = qs.index_select(0, src).view(len(tiles), Q, D)
+            s = torch.bmm(qt, batches.gather(kc, k, tiles).transpose(1, 2)).add_(bias)
+            p = torch.softmax(s, dim=-1)
+            ot = torch.bmm(p, batches.gather(vc, v, tiles)).view(-1, D)
+            o.index_copy_(0, items, ot.index_select(0, slots))
+            m = s.amax(-1).sub_(p.amax(-1).log_())  # lse = max - log(max p)
+            lse.index_copy_(0, items, m.view(-1).index_select(0, slots))
+        ctx.save_for_backward(q_flat, k, v, q_pos, o)
+        ctx.L, ctx.scale, ctx.tb = L, scale, tb
+        return o, lse
+
+    @staticmethod
+    def backward(ctx, do, dlse):
+        q_flat, k, v, q_pos, o = ctx.saved_tensors
+        L, scale, Q = ctx.L, ctx.scale, ctx.L.Q
+        D = q_flat.shape[1]
+        batches = _TileBatches(L, k, q_pos, ctx.tb)
+        kc, vc = (batches.chunks(k), batches.chunks(v)) if batches.chunked else (None, None)
+        dkc = k.new_zeros(k.shape[0] * k.shape[1] * L.n_chunks, L.C * D)
+        dvc = torch.zeros_like(dkc)
+        delta = (do * o).sum(-1) - dlse  # dL/ds = p * (dO.v - delta), delta = dO.o - dL/dlse
+        qs, do, delta = _with_zero_row(q_flat * scale), _with_zero_row(do), _with_zero_row(delta[:, None])
+        dq = torch.zeros_like(q_flat)
+        for tiles, items, slots, src, bias in batches:
+            n = len(tiles)
+            qt, dot, dt = (x.index_select(0, src).view(n, Q, -1) for x in (qs, do, delta))
+            kt, vt = batches.gather(kc, k, tiles), batches.gather(vc, v, tiles)
+            p = torch.softmax(torch.bmm(qt, kt.transpose(1, 2)).add_(bias), dim=-1)  # padding rows: dO = 0, delta = 0
+            ds = torch.bmm(dot, vt.transpose(1, 2)).sub_(dt).mul_(p)
+            dvc.index_add_(0, tiles, torch.bmm(p.transpose(1, 2), dot).view(n, -1))
+            dkc.index_add_(0, tiles, torch.bmm(ds.transpose(1, 2), qt).view(n, -1))
+            dq.index_copy_(0, items, torch.bmm(ds, kt).view(-1, D).index_select(0, slots))
+        B, H, Tk, _ = k.shape
+        dk = dkc.view(B, H, -1, D)[:, :, :Tk]
+        dv = dvc.view(B, H, -1, D)[:, :, :Tk]
+        return dq.mul_(scale), dk, dv, None, None, None, None
+
+
+TileKernel = Callable[[Tensor, Tensor, Tensor, Tensor, float, bool], tuple[Tensor, Tensor | None]]
+
+
+def tile_attention(qt: Tensor, kt: Tensor, vt: Tensor, mask: Tensor, scale: float, need_lse: bool) -> tuple[Tensor, Tensor | None]:
+    """Plain autograd softmax attention per tile: ``qt [N, Q, D]``, ``kt, vt [N, C, D]``, ``mask [N, Q, C]``."""
+    s = torch.bmm(qt * scale, kt.transpose(1, 2)).masked_fill(~mask, NEG_INF)
+    lse = s.logsumexp(-1) if need_lse else None
+    return torch.bmm(torch.softmax(s, dim=-1), vt), lse
+
+
 def attend_selected(q: Tensor, k: Tensor, v: Tensor, sel: Tensor, q_pos: Tensor, scale: float, C: int, Q: int,
-                    need_lse: bool = False, kernel: TileKernel = tile_attention) -> tuple[Tensor, Tensor | None]:
+                    kernel: TileKernel | None = None, need_lse: bool = True) -> tuple[Tensor, Tensor | None]:
     """Causal softmax attention of each query inside one chunk, ``sel [B, H, Tq]`` (-1 = none: output 0,
-    lse -inf). Queries are grouped by (batch, head, chunk) into tiles of Q; each tile gathers its
-    chunk's keys once, so the work is a batched [Q x C] matmul: O(Tq * C * D), no loop."""
+    lse -inf). Queries are grouped by (batch, head, chunk) into tiles of Q; each tile gathers its chunk's
+    keys once, so the work is batched [Q x C] matmuls, O(Tq * C * D), with no loop over heads or chunks.
+
+    ``kernel=None``: the hand-written tile-batched autograd Function (CPU path). Otherwise every tile
+    is gathered at once and ``kernel`` (e.g. ``tile_attention``, or SDPA on CUDA) runs under autograd."""
     B, H, Tq, D = q.shape
-    Tk = k.shape[2]
-    n_chunks = -(-Tk // C)
-    BH = B * H
-    bh_of = torch.arange(BH, device=q.device)[:, None]
-    groups = torch.where(sel.reshape(BH, Tq) >= 0, bh_of * n_chunks + sel.reshape(BH, Tq), -1).reshape(-1)
-    order, dest, tile_group = group_into_tiles(groups, BH * n_chunks, Q)
-    n_tiles = tile_group.numel()
-    q_flat = q.reshape(BH * Tq, D)
-    qt = q.new_zeros(n_tiles * Q, D).index_copy(0, dest, q_flat.index_select(0, order)).view(n_tiles, Q, D)
-    # padding slots get position +inf-like: they see their whole chunk (no all-masked rows), are dropped
-    big = torch.iinfo(torch.long).max
-    qpos_t = torch.full((n_tiles * Q,), big, dtype=torch.long, device=q.device)
-    qpos_t = qpos_t.index_copy(0, dest, q_pos.repeat(BH).index_select(0, order)).view(n_tiles, Q)
-    kpos = (tile_group % n_chunks)[:, None] * C + torch.arange(C, device=q.device)  # [n_tiles, C]
-    bh = torch.div(tile_group, n_chunks, rounding_mode="floor")
-    kidx = kpos.clamp(max=Tk - 1)
-    kt, vt = _rows(k, bh, kidx), _rows(v, bh, kidx)
-    mask = (kpos[:, None, :] <= qpos_t[:, :, None]) & (kpos < Tk)[:, None, :]
-    ot, lse_t = kernel(qt, kt, vt, mask, scale, need_lse)
-    o = q.new_zeros(BH * Tq, D).index_copy(0, order, ot.reshape(-1, D).index_select(0, dest)).view(B, H, Tq, D)
+    Q = max(1, min(Q, Tq))  # a tile never needs more slots than there are queries
+    L = tile_layout(sel, k.shape[2], C, Q)
+    q_flat = q.reshape(B * H * Tq, D)
+    if kernel is None:
+        o, lse = _TileAttention.apply(q_flat, k, v, q_pos, L, scale, max(1, TILE_BATCH_ELEMS // (Q * C)))
+        return o.view(B, H, Tq, D), lse.view(B, H, Tq)
+    n = L.tile_group.numel() * Q
+    bh, kidx, mask = _tile_keys(L, L.tile_group, _slot_positions(L, q_pos, L.order, L.dest, n))
+    qt = q.new_zeros(n, D).index_copy(0, L.dest, q_flat.index_select(0, L.order)).view(-1, Q, D)
+    ot, lse_t = kernel(qt, _rows(k, bh, kidx), _rows(v, bh, kidx), mask, scale, need_lse)
+    o = q.new_zeros(B * H * Tq, D).index_copy(0, L.order, ot.reshape(n, D).index_select(0, L.dest))
     lse = None
     if need_lse:
-        lse = torch.full((BH * Tq,), NEG_INF, dtype=lse_t.dtype, device=q.device)
-        lse = lse.index_copy(0, order, lse_t.reshape(-1).index_select(0, dest)).view(B, H, Tq)
-    return o, lse
+        lse = torch.full((B * H * Tq,), NEG_INF, dtype=lse_t.dtype, device=q.device)
+        lse = lse.index_copy(0, L.order, lse_t.reshape(n).index_select(0, L.dest)).view(B, H, Tq)
+    return o.view(B, H, Tq, D), lse
 
 
 def merge_softmax(o_a: Tensor, lse_a: Tensor, o_b: Tensor, lse_b: Tensor) -> Tensor:
