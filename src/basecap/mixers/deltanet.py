@@ -65,7 +65,7 @@ class DeltaNet(Mixer):
                 new_state["conv"] = conv
         else:
             qkv = F.silu(qkv)
-        q, k, v = qkv.view(B, T, 3, H, D).permute(2, 0, 3, 1, 4)  # 3 x [B, H, T, D]
+        q, k, v = qkv.view(B, T, 3, H, D).permute(2, 0, 3, 1, 4).contiguous()  # 3 x [B, H, T, D]
         q, k = l2_normalize(q), l2_normalize(k)
         beta = torch.sigmoid(self.b_proj(x)).transpose(1, 2)  # [B, H, T]
         S0 = None if state is None else state["S"]

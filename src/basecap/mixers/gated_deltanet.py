@@ -93,9 +93,9 @@ class GatedDeltaNet(Mixer):
         else:
             qkv = F.silu(qkv)
         q, k, v = qkv.split([H * K, H * K, H * V], dim=-1)
-        q = l2_normalize(q.view(B, T, H, K).transpose(1, 2))  # [B, H, T, K]
-        k = l2_normalize(k.view(B, T, H, K).transpose(1, 2))
-        v = v.view(B, T, H, V).transpose(1, 2)
+        q = l2_normalize(q.view(B, T, H, K).transpose(1, 2).contiguous())  # [B, H, T, K]
+        k = l2_normalize(k.view(B, T, H, K).transpose(1, 2).contiguous())
+        v = v.view(B, T, H, V).transpose(1, 2).contiguous()
         beta = torch.sigmoid(self.b_proj(x)).transpose(1, 2)  # [B, H, T]
         g = self.log_decay(x)
         S0 = None if state is None else state["S"]

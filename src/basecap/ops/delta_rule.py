@@ -78,9 +78,8 @@ def delta_rule_chunked(q, k, v, beta, g=None, scale: float | None = None, state=
     # u = (I + A)^{-1} diag(beta) (v - gam * k S0),  A[t, s] = beta_t decay[t, s] k_t.k_s for s < t
     A = (beta * (k @ k.transpose(-1, -2)) * decay).tril(-1)
     L = A + torch.eye(C, dtype=q.dtype, device=q.device)
-    rhs = torch.cat([v, k if gam is None else k * gam], dim=-1) * beta
-    sol = torch.linalg.solve_triangular(L, rhs, upper=False, unitriangular=True)
-    u_free, w = sol.split([V, K], dim=-1)  # u = u_free - w @ S0
+    T_ut = torch.linalg.solve_triangular(L, torch.diag_embed(beta.squeeze(-1)), upper=False, unitriangular=True)
+    u_free, w = T_ut @ v, T_ut @ (k if gam is None else k * gam)  # u = u_free - w @ S0
     P = (q @ k.transpose(-1, -2)) * decay  # intra-chunk scores, zero above the diagonal
     q_s = q if gam is None else q * gam  # reads the chunk-start state
 
