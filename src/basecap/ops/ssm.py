@@ -15,8 +15,8 @@ training form of Mamba-1: a loop over chunks carrying the state, and inside a ch
 Brent-Kung parallel scan (log2(C) levels, multiplicative, so it never overflows whatever the
 decays are); its backward recomputes each chunk from the saved chunk-start states, so memory is
 O(T E N / C) instead of O(T E N). ``ssd_chunked`` is the state-space-duality algorithm of Mamba-2
-(quadratic inside chunks with the segment-sum decay mask, state passing between chunks), written
-with autograd-friendly ops.
+(quadratic inside chunks with the decay mask exp(c_t - c_s), state passing between chunks),
+written with autograd-friendly ops.
 """
 
 from __future__ import annotations
@@ -24,10 +24,6 @@ from __future__ import annotations
 from functools import lru_cache
 
 import torch
-
-# --------------------------------------------------------------------------------------------
-# references (step by step)
-
 
 def selective_scan_ref(w, Bm, Cm, g, A, h0=None):
     """Mamba-1 recurrence, one step at a time. w, g [B,T,E]; Bm, Cm [B,T,N]; A [E,N] or None;
@@ -58,10 +54,6 @@ def ssd_ref(X, log_a, Bm, Cm, h0=None):
         h = torch.exp(log_a[:, t])[:, :, None, None] * h + X[:, t, :, :, None] * Bm[:, t, None, None, :]
         ys.append((h * Cm[:, t, None, None, :]).sum(-1))
     return torch.stack(ys, dim=1), h
-
-
-# --------------------------------------------------------------------------------------------
-# Mamba-1: chunked scan
 
 
 @lru_cache(maxsize=None)
@@ -227,10 +219,6 @@ class _SelectiveScan(torch.autograd.Function):
 def selective_scan(w, Bm, Cm, g, A, h0=None, chunk_size: int = 64):
     """Chunked Mamba-1 scan; same contract and results as ``selective_scan_ref``."""
     return _SelectiveScan.apply(w, Bm, Cm, g, A, h0, chunk_size)
-
-
-# --------------------------------------------------------------------------------------------
-# Mamba-2: state space duality (SSD), chunked
 
 
 def ssd_chunked(X, log_a, Bm, Cm, h0=None, chunk_size: int = 64):
