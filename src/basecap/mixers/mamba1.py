@@ -134,10 +134,10 @@ class Mamba1(Mixer):
         return self.d_inner * self.d_state * 4 + conv
 
     def flops_per_token(self, seq_len: int) -> float:
-        """Recurrent-form FLOPs: per (channel, state) element, the decay dt*A and its exp (2,
-        data-dependent only; a shared decay is computed once per step set), the input w*B (1),
-        a*h + u (2, or 1 without decay) and the C contraction (2); plus the conv, dt, D skip and
-        gate per channel."""
+        """Recurrent-form FLOPs: per (channel, state) element, the decay dt*A and its exp (2;
+        data-dependent only, a shared decay is computed once and not per token), the input w*B
+        (1), a*h + u (2, or 1 without decay) and the C contraction (2); plus the conv, dt, D
+        skip and gate per channel."""
         E, N = self.d_inner, self.d_state
         per_elem = {"data_dependent": 7, "shared": 5, "none": 4}[self.cfg.decay]
         conv = 2 * self.cfg.d_conv if self.conv is not None else 0
