@@ -142,6 +142,9 @@ class ExperimentConfig(Strict):
         for i, spec in enumerate(self.suites):
             if "suite" not in spec:
                 raise ValueError(f"suites[{i}]: needs a 'suite' key")
+        keys = [(s.get("suite"), s.get("name")) for s in self.suites]
+        if len(set(keys)) != len(keys):
+            raise ValueError("suites: two entries of the same suite need different `name`s")
         if self.reference is not None and self.runs and self.reference not in names:
             raise ValueError(f"reference: {self.reference!r} is not a run name; runs are {names}")
         return self
@@ -232,5 +235,5 @@ def load_experiment(path: str | Path, overrides: list[str] | None = None) -> Exp
     for spec in exp.suites:
         from .eval.suites import check_suite_options
 
-        check_suite_options(spec["suite"], {k: v for k, v in spec.items() if k != "suite"})
+        check_suite_options(spec["suite"], {k: v for k, v in spec.items() if k not in ("suite", "name")})
     return exp

@@ -31,6 +31,26 @@ def prepare_corpus(runs: list[RunConfig], log=print):
     return build_corpus(recipe, log=log)
 
 
+def suite_dir(run_dir: Path, spec: dict) -> Path:
+    """Where a suite entry writes: the run directory, or ``suite_<name>/`` when the entry is named (two
+    entries of the same suite, e.g. 0-shot and 5-shot lm-eval)."""
+    return run_dir / f"suite_{spec['name']}" if "name" in spec else run_dir
+
+
+def run_suites(exp: ExperimentConfig, rc: RunConfig, run_dir: Path, log=print):
+    from .eval.suites import run_suite
+
+    for spec in exp.suites:
+        opts = {k: v for k, v in spec.items() if k not in ("suite", "name")}
+        if spec["suite"] == "mqar" and "seed" not in opts:
+            opts["seed"] = rc.seed  # MQAR trains from scratch: vary it with the run's seed for a spread
+        out = suite_dir(run_dir, spec)
+        if (out / f"eval_{spec['suite']}.json").exists():
+            continue
+        log(f"[{rc.run_id}] suite {spec['suite']}{' (' + spec['name'] + ')' if 'name' in spec else ''}")
+        run_suite(run_dir, spec["suite"], out_dir=out, **opts)
+
+
 def run_experiment(path: str | Path, overrides: list[str] | None = None, log=print) -> Path:
     """Returns the path of the report (report.md)."""
     from .eval.final import evaluate_run
@@ -50,6 +70,7 @@ def run_experiment(path: str | Path, overrides: list[str] | None = None, log=pri
         train(rc, rd, corpus=corpus, log=log)
         if not (rd / "eval.json").exists():
             evaluate_run(rd, corpus=corpus, log=log)
+        run_suites(exp, rc, rd, log=log)
     rep = report([out / rc.run_id for rc in runs], out / "report", reference=exp.reference)
     log((rep.read_text().split("## Figures")[0]).rstrip())
     log(f"\nexperiment {exp.name}: {len(runs)} run(s) in {time.perf_counter() - t0:.0f} s")
