@@ -64,9 +64,10 @@ class ModelConfig(Strict):
             data = self.mlp if isinstance(self.mlp, dict) else {"name": self.mixer.default_mlp()}
             object.__setattr__(self, "mlp", parse_mlp_config(data, "model.mlp"))
         if self.match_params and not self.layer_mixers:
-            from .presets import matched_mlp
+            from .presets import matched_mixer, matched_mlp
 
             object.__setattr__(self, "mlp", matched_mlp(self))
+            object.__setattr__(self, "mixer", matched_mixer(self))
         bad = [i for i in self.layer_mixers if not 0 <= i < self.n_layers]
         if bad:
             raise ValueError(f"layer_mixers: layer indices {bad} outside 0..{self.n_layers - 1}")

@@ -39,6 +39,28 @@ def count_params(model_cfg) -> int:
     return _count(model_cfg.model_copy(update={"match_params": False}).model_dump_json())
 
 
+def matched_mixer(model_cfg):
+    """For architectures without a feed-forward block (Mamba): the mixer config whose integer
+    ``expand`` brings the non-embedding parameters closest to Transformer++ at this depth/width."""
+    mixer = model_cfg.mixer
+    if "hidden_mult" in type(model_cfg.mlp).model_fields or "expand" not in type(mixer).model_fields:
+        return mixer
+    base = model_cfg.model_dump()
+    base.update({"match_params": False, "preset": None, "layer_mixers": {}})
+    target = _count(type(model_cfg).model_validate(dict(base, mixer=REFERENCE_MIXER, mlp={"name": "swiglu"})).model_dump_json())
+
+    def count_with(expand):
+        return _count(type(model_cfg).model_validate(dict(base, mixer=dict(mixer.model_dump(), expand=expand))).model_dump_json())
+
+    # parameters are linear in d_inner: solve from two probes, then check the rounding neighbours
+    p1, p4 = count_with(1.0), count_with(4.0)
+    guess = max(0.25, 1.0 + 3.0 * (target - p1) / max(p4 - p1, 1))
+    step = 64 / model_cfg.d_model
+    cands = [max(0.25, guess + k * step / 2) for k in range(-2, 3)]
+    best = min(cands, key=lambda e: abs(count_with(e) - target))
+    return type(mixer).model_validate(dict(mixer.model_dump(), expand=round(best, 4)))
+
+
 def matched_mlp(model_cfg):
     """The MLP config whose width makes ``model_cfg``'s non-embedding parameters match Transformer++
     at the same d_model / n_layers (bisection on ``hidden_mult``). Returns the MLP config unchanged when

@@ -35,7 +35,7 @@ from .base import Mixer, MixerConfig, State
 class Mamba1Config(MixerConfig):
     name: Literal["mamba1"] = "mamba1"
     d_state: int = Field(16, gt=0)
-    expand: int = Field(2, gt=0)
+    expand: float = Field(2, gt=0, description="d_inner = expand * d_model, rounded to a multiple of " + "8")
     d_conv: int = Field(4, gt=0)
     dt_rank: int | None = Field(None, gt=0, description="default: ceil(d_model / 16)")
     dt_min: float = Field(1e-3, gt=0)
@@ -75,7 +75,7 @@ class Mamba1(Mixer):
 
     def __init__(self, d_model: int, cfg: Mamba1Config, layer_idx: int = 0, max_seq_len: int = 2048):
         super().__init__(d_model, cfg, layer_idx, max_seq_len)
-        E, N = cfg.expand * d_model, cfg.d_state
+        E, N = max(8, round(cfg.expand * d_model / 8) * 8), cfg.d_state
         R = cfg.dt_rank or math.ceil(d_model / 16)
         self.d_inner, self.d_state, self.dt_rank = E, N, R
         self.in_proj = nn.Linear(d_model, 2 * E, bias=False)

@@ -37,7 +37,7 @@ class Mamba2Config(MixerConfig):
     name: Literal["mamba2"] = "mamba2"
     d_state: int = Field(64, gt=0)
     headdim: int = Field(64, gt=0)
-    expand: int = Field(2, gt=0)
+    expand: float = Field(2, gt=0, description="d_inner = expand * d_model, rounded to a multiple of " + "headdim")
     d_conv: int = Field(4, gt=0)
     A_init_min: float = Field(1.0, gt=0)
     A_init_max: float = Field(16.0, gt=0)
@@ -76,9 +76,7 @@ class Mamba2(Mixer):
 
     def __init__(self, d_model: int, cfg: Mamba2Config, layer_idx: int = 0, max_seq_len: int = 2048):
         super().__init__(d_model, cfg, layer_idx, max_seq_len)
-        E, N, P = cfg.expand * d_model, cfg.d_state, cfg.headdim
-        if E % P:
-            raise ValueError(f"mamba2: expand * d_model = {E} must be a multiple of headdim = {P}")
+        E, N, P = max(cfg.headdim, round(cfg.expand * d_model / cfg.headdim) * cfg.headdim), cfg.d_state, cfg.headdim
         H = E // P
         self.d_inner, self.d_state, self.headdim, self.n_heads = E, N, P, H
         self.in_proj = nn.Linear(d_model, 2 * E + 2 * N + H, bias=False)  # z, x, B, C, dt
