@@ -5,6 +5,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 
@@ -12,6 +13,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 _HOME = tempfile.mkdtemp(prefix="basecap-test-home-")
 os.environ["BASECAP_HOME"] = _HOME
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Test shapes are tiny: one intra-op thread is faster than two and leaves a core for subprocesses.
+torch.set_num_threads(1)
 
 
 def _write_domain(root: Path, name: str, words: list[str], n_files: int, seed: int):
