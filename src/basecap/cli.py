@@ -16,6 +16,7 @@ BENCHES = {
     "train": "trainer tokens/s against a minimal plain PyTorch loop of the same model",
     "mixers": "forward+backward and decode speed of every mixer against sequence length",
     "selection": "Top-1 selection attention against causal SDPA at long context",
+    "throughput": "whole-model training tokens/s and peak memory against sequence length (GPU table)",
 }
 
 EPILOG = """examples:
