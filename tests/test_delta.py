@@ -175,6 +175,8 @@ def test_configs_are_strict():
             parse_mixer_config({"name": name, "hedd_dim": 3})
     with pytest.raises(ConfigError, match="branches"):
         parse_mixer_config({"name": "based", "branches": "alternate"})
+    with pytest.raises(ConfigError, match="head_dim"):
+        parse_mixer_config({"name": "based", "head_dim": 7})
     with pytest.raises(ValueError, match="divisible"):
         build_mixer(parse_mixer_config({"name": "based", "n_heads": 5}), 32)
 

@@ -24,7 +24,7 @@ from typing import Literal
 
 import torch
 import torch.nn.functional as F
-from pydantic import Field
+from pydantic import Field, field_validator
 from torch import nn
 
 from ..ops.linear_attn import taylor_features, taylor_linear_attn_chunked
@@ -43,6 +43,13 @@ class BasedConfig(MixerConfig):
     eps: float = Field(1e-12, gt=0)
     chunk_size: int = Field(64, gt=0)
     impl: Literal["ref", "chunked", "auto"] = "auto"
+
+    @field_validator("head_dim")
+    @classmethod
+    def _even(cls, v: int) -> int:
+        if v % 2:
+            raise ValueError("must be even (RoPE rotates pairs of dimensions)")
+        return v
 
 
 def taylor_attn_recurrent(q, k, v, kv=None, z=None, eps: float = 1e-12):
