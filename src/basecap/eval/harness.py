@@ -33,6 +33,8 @@ import torch
 import torch.nn.functional as F
 
 try:
+    import lm_eval.models  # noqa: F401 - registers lm-eval's own models (hf, ...) before ours; lm-eval only
+    # auto-loads them while its registry is empty
     from lm_eval.api.model import TemplateLM
     from lm_eval.api.registry import register_model
 except ImportError as e:  # pragma: no cover - depends on the environment
@@ -375,7 +377,7 @@ def lm_eval_suite(subject: Subject, out_dir: Path, tasks: list[str] | str = "bas
                   max_length: int | None = None) -> dict:
     res = run_lm_eval(subject, tasks, num_fewshot=num_fewshot, limit=limit, batch_size=batch_size,
                       include_path=include_path, seed=seed, max_length=max_length)
-    summary = {t: {k.split(",")[0]: v for k, v in m.items() if k != "alias" and "stderr" not in k}
+    summary = {t: {k.split(",")[0]: v for k, v in m.items() if k not in ("alias", "name") and "stderr" not in k}
                for t, m in res["results"].items()}
     return {"tasks": tasks, "num_fewshot": num_fewshot, "limit": limit, "summary": summary, **res}
 
