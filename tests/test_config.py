@@ -34,8 +34,8 @@ def write(tmp_path, text):
 def test_experiment_resolves_runs_and_seeds(tmp_path):
     exp = load_experiment(write(tmp_path, EXP))
     runs = exp.resolve()
-    assert [r.run_id for r in runs] == ["a-s0", "a-s1", "b-s0", "b-s1"]
-    assert runs[2].model.mixer.position == "alibi"
+    assert [r.run_id for r in runs] == ["a-s0", "b-s0", "a-s1", "b-s1"]  # seed-major
+    assert runs[1].model.mixer.position == "alibi"
     assert runs[0].model.mixer.position == "rope"
 
 

@@ -158,16 +158,16 @@ class ExperimentConfig(Strict):
         size = self.sizes.get(self.size, {}) if self.size is not None else {}
         base = deep_merge(base, {k: v for k, v in size.items() if k != "runs"})
         runs = self.runs or [{"name": self.name}]
-        out = []
+        merged_runs = []
         for i, spec in enumerate(runs):
             extra = set(spec) - {"name", *_SECTIONS}
             if extra:
                 raise ConfigError(f"runs[{i}] ({spec['name']}): unknown key(s) {sorted(extra)}; allowed: name, {', '.join(_SECTIONS)}")
             merged = deep_merge(base, {k: v for k, v in spec.items() if k in _SECTIONS})
-            merged = deep_merge(merged, size.get("runs", {}).get(spec["name"], {}))
-            for seed in self.seeds:
-                out.append(validate_run({"name": spec["name"], "seed": seed, **merged}, prefix=f"runs[{i}] ({spec['name']})"))
-        return out
+            merged_runs.append((i, spec["name"], deep_merge(merged, size.get("runs", {}).get(spec["name"], {}))))
+        # seed-major: every architecture of seed 0 first, so an interrupted study already has complete pairs
+        return [validate_run({"name": name, "seed": seed, **merged}, prefix=f"runs[{i}] ({name})")
+                for seed in self.seeds for i, name, merged in merged_runs]
 
 
 def deep_merge(base: dict, over: dict) -> dict:
