@@ -62,6 +62,16 @@ def corpus():
     return TinyCorpus()
 
 
+@pytest.fixture
+def no_builtin_tasks(monkeypatch):
+    """Skip indexing lm-eval's ~15k built-in task configs (~40 s here) where a test does not need them."""
+    pytest.importorskip("basecap.eval.harness")  # needs lm-eval; sets the offline switches before it loads
+    from lm_eval.tasks import TaskManager
+
+    init = TaskManager.__init__
+    monkeypatch.setattr(TaskManager, "__init__", lambda self, *a, **kw: init(self, *a, **{**kw, "include_defaults": False}))
+
+
 def tiny_subject(corpus, position="rope", seq_len=64):
     torch.manual_seed(0)
     model = LM(ModelConfig(vocab_size=corpus.vocab_size, d_model=32, n_layers=2, max_seq_len=seq_len,
@@ -234,3 +244,15 @@ def test_suites_on_a_run_directory(trained_run):
     assert res["length"] == 128 and np.isfinite(res["domains"]["code"]["loss"]).all()
     res = run_suite(trained_run, "recall", n=2)
     assert res["tasks"]["extraction"]["context_tokens"] == 32
+
+
+def test_lm_eval_cli_on_a_run_directory(trained_run, tmp_path, capsys, no_builtin_tasks):
+    harness = pytest.importorskip("basecap.eval.harness")  # needs lm-eval
+    harness.main(["--model", "basecap", "--model_args", f"path={trained_run}", "--tasks", "basecap_smoke_mc,basecap_smoke_gen",
+                  "--limit", "2", "--output_path", str(tmp_path / "out")])
+    out = capsys.readouterr().out
+    assert "basecap_smoke_mc" in out and "contains" in out
+    (path,) = list((tmp_path / "out").rglob("results_*.json"))
+    assert json.loads(path.read_text())["results"]["basecap_smoke_mc"]["acc,none"] in (0.0, 0.5, 1.0)
+    res = run_suite(trained_run, "lm-eval", tasks="basecap_smoke_ppl", limit=2)
+    assert (trained_run / "eval_lm-eval.json").exists() and res["summary"]["basecap_smoke_ppl"]["bits_per_byte"] > 0

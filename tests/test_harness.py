@@ -13,7 +13,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 pytest.importorskip("lm_eval")
 
-from test_eval_suites import TinyCorpus, tiny_subject, trained_run  # noqa: E402,F401
+from test_eval_suites import TinyCorpus, no_builtin_tasks, tiny_subject  # noqa: E402,F401
 
 from basecap.eval import harness  # noqa: E402
 from basecap.eval.suites import run_suite  # noqa: E402
@@ -26,15 +26,6 @@ def isolated(tmp_path_factory, monkeypatch):
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
-
-
-@pytest.fixture
-def no_builtin_tasks(monkeypatch):
-    """Skip indexing lm-eval's ~15k built-in task configs (~40 s here) where a test does not need them."""
-    from lm_eval.tasks import TaskManager
-
-    init = TaskManager.__init__
-    monkeypatch.setattr(TaskManager, "__init__", lambda self, *a, **kw: init(self, *a, **{**kw, "include_defaults": False}))
 
 
 @pytest.fixture(scope="module")
@@ -119,14 +110,3 @@ def test_missing_dataset_names_it(subject, tmp_path, no_builtin_tasks):
         harness.run_lm_eval(subject, ["basecap_absent"], include_path=str(task), limit=1)
     with pytest.raises(Exception, match="unknown lm-eval task"):
         harness.run_lm_eval(subject, ["basecap_no_such_task"], limit=1)
-
-
-def test_cli_wrapper_on_a_run_directory(trained_run, tmp_path, capsys, no_builtin_tasks):
-    harness.main(["--model", "basecap", "--model_args", f"path={trained_run}", "--tasks", "basecap_smoke_mc,basecap_smoke_gen",
-                  "--limit", "2", "--output_path", str(tmp_path / "out")])
-    out = capsys.readouterr().out
-    assert "basecap_smoke_mc" in out and "contains" in out
-    (path,) = list((tmp_path / "out").rglob("results_*.json"))
-    assert json.loads(path.read_text())["results"]["basecap_smoke_mc"]["acc,none"] in (0.0, 0.5, 1.0)
-    res = run_suite(trained_run, "lm-eval", tasks="basecap_smoke_ppl", limit=2)
-    assert (trained_run / "eval_lm-eval.json").exists() and res["summary"]["basecap_smoke_ppl"]["bits_per_byte"] > 0

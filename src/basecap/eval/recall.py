@@ -49,7 +49,7 @@ def answer_contained(output: str, answers) -> bool:
 
 
 @torch.no_grad()
-def eval_mqar(model, num_kv_pairs=(2, 4, 8, 16), seq_len: int = 64, vocab_size: int = 256, num_examples: int = 256,
+def eval_mqar(model, num_kv_pairs=(1, 2, 4, 8), seq_len: int = 32, vocab_size: int = 128, num_examples: int = 256,
               power_a: float = 0.01, seed: int = 0, batch_size: int = 64, token_map: torch.Tensor | None = None,
               seq_lens: dict | None = None) -> dict:
     """Accuracy at the query positions of the MQAR test split, per number of key-value pairs.
@@ -80,9 +80,9 @@ def eval_mqar(model, num_kv_pairs=(2, 4, 8, 16), seq_len: int = 64, vocab_size: 
             "vocab_size": vocab_size, "power_a": power_a, "seed": seed}
 
 
-def train_mqar(mixer_cfg: dict, d_model: int = 64, n_layers: int = 2, steps: int = 1500, batch_size: int = 32,
-               lr: float = 1e-3, weight_decay: float = 0.1, warmup_frac: float = 0.02, vocab_size: int = 256,
-               seq_len: int = 64, train_kv_pairs=(2, 4, 8, 16), test_kv_pairs=(2, 4, 8, 16), num_test: int = 256,
+def train_mqar(mixer_cfg: dict, d_model: int = 64, n_layers: int = 2, steps: int = 1000, batch_size: int = 32,
+               lr: float = 1e-3, weight_decay: float = 0.1, warmup_frac: float = 0.02, vocab_size: int = 128,
+               seq_len: int = 32, train_kv_pairs=(1, 2, 4), test_kv_pairs=(1, 2, 4, 8), num_test: int = 256,
                power_a: float = 0.01, seed: int = 0, mlp: dict | None = None, device: str = "cpu",
                eval_every: int = 0, log=print) -> dict:
     """Train a fresh ``n_layers`` x ``d_model`` model of ``mixer_cfg`` on MQAR and return its test
@@ -140,9 +140,9 @@ def train_mqar(mixer_cfg: dict, d_model: int = 64, n_layers: int = 2, steps: int
             "tokens_per_s": round(steps * batch_size * seq_len / max(train_s, 1e-9))}
 
 
-def mqar_suite(subject, out_dir: Path, mode: str = "train", d_models=(64,), n_layers: int = 2, steps: int = 1500,
-               batch_size: int = 32, lr: float = 1e-3, vocab_size: int = 256, seq_len: int = 64,
-               train_kv_pairs=(2, 4, 8, 16), test_kv_pairs=(2, 4, 8, 16), num_test: int = 256, seed: int = 0) -> dict:
+def mqar_suite(subject, out_dir: Path, mode: str = "train", d_models=(64,), n_layers: int = 2, steps: int = 1000,
+               batch_size: int = 32, lr: float = 1e-3, vocab_size: int = 128, seq_len: int = 32,
+               train_kv_pairs=(1, 2, 4), test_kv_pairs=(1, 2, 4, 8), num_test: int = 256, seed: int = 0) -> dict:
     """``mode="train"``: train the run's mixer from scratch on MQAR at each width in ``d_models``
     (the architecture's recall capacity, Zoology's protocol). ``mode="pretrained"``: probe the run's
     own model in context, with MQAR ids mapped onto a fixed random set of its vocabulary."""
