@@ -104,23 +104,23 @@ class Top1Chunk(SelectionMixer):
         if cfg.selection == "approx":
             offset = int(q_pos[0])
             prev = None if state is None else state["ksum"]
-            sel, gate_ap, sums = approx_select(q, k[:, :, offset:], prev, q_pos, scale, C, own)
+            sel, gate_t, sums = approx_select(q, k[:, :, offset:], prev, q_pos, scale, C, own)
             if new_state is not None:
                 new_state["ksum"] = sums
         else:
             sel, L = exact_select(q, k, q_pos, scale, C, own, block)
             sel = torch.where(torch.isfinite(L), sel, -1)
         need_lse = own == "always" or (gate and cfg.selection == "exact")
-        o, lse = attend_selected(q, k, v, sel, q_pos, scale, C, Q, kernel, need_lse)
-        if gate:  # P_sel / stopgrad(P_sel): value 1, gradient d log P_sel
-            g = gate_ap if cfg.selection == "approx" else st_gate(
-                torch.where(sel >= 0, lse - candidate_lse(q, k, L, q_pos, scale, C, own, block), 0.0))
+        fused = gate and cfg.selection == "approx" and own == "candidate"  # the tile pass carries the gate
+        o, lse = attend_selected(q, k, v, sel, q_pos, scale, C, Q, kernel, need_lse, gate_t if fused else None)
+        if gate and cfg.selection == "exact":  # P_sel / stopgrad(P_sel): value 1, gradient d log P_sel
+            gate_t = st_gate(torch.where(sel >= 0, lse - candidate_lse(q, k, L, q_pos, scale, C, own, block), 0.0))
         if own == "always":
             own_sel = (q_pos // C).expand(B, H, T)
             o_own, lse_own = attend_selected(q, k, v, own_sel, q_pos, scale, C, Q, kernel, True)
             o = merge_softmax(o, lse, o_own, lse_own)
-        if gate:
-            o = o * g[..., None]
+        if gate and not fused:
+            o = o * gate_t[..., None]
         return o
 
     def init_state(self, batch: int, device="cpu", dtype=torch.float32) -> State:

@@ -125,7 +125,7 @@ def element_ref(q, k, v, q_pos, scale: float, estimator: str) -> torch.Tensor:
     idx = s64.argmax(-1, keepdim=True)  # [B, H, Tq, 1]
     p = torch.softmax(s, dim=-1)
     if estimator == "straight_through":
-        y = torch.zeros_like(p).scatter(-1, idx, 1.0) + p - p.detach()
+        y = torch.zeros_like(p).scatter(-1, idx, 1.0) + (p - p.detach())  # exactly onehot in value
         return (y @ v.float()).to(v.dtype)
     p_sel = p.gather(-1, idx)
     v_sel = v.gather(2, idx.expand(-1, -1, -1, v.shape[-1]))

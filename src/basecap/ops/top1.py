@@ -213,7 +213,9 @@ class _ApproxSelect(torch.autograd.Function):
             da /= C
             dq[:, :, s:e] += (da @ sums[:, :, :ncols]) * scale
             dsums[:, :, :ncols] += da.transpose(-1, -2) @ qb
-        return dq, dk + dsums.index_select(2, torch.div(q_pos, C, rounding_mode="floor")), None, None, None, None, None, None
+        for s, e in _chunk_aligned_blocks(offset, q.shape[2], C, ctx.R):  # each key also feeds its chunk's sum
+            dk[:, :, s:e] += dsums.index_select(2, torch.div(q_pos[s:e], C, rounding_mode="floor"))
+        return dq, dk, None, None, None, None, None, None
 
 
 def approx_select(q: Tensor, k: Tensor, prev_sums: Tensor | None, q_pos: Tensor, scale: float, C: int,
@@ -337,24 +339,27 @@ def _slot_positions(L: TileLayout, q_pos: Tensor, items: Tensor, slots: Tensor, 
 
 
 class _TileBatches:
-    """Per tile batch: the items it holds, their slots, and gathered chunk keys/values."""
+    """Iterates the tile batches of a layout: their tiles, items, slots, source rows and causal bias."""
 
     def __init__(self, L: TileLayout, k: Tensor, q_pos: Tensor, tb: int):
-        self.L, self.tb, self.q_pos = L, tb, q_pos
+        self.L, self.tb = L, tb
         n_tiles = L.tile_group.numel()
         self.bounds = torch.searchsorted(L.dest, torch.arange(0, n_tiles + tb, tb, device=k.device) * L.Q).tolist()
         self.starts = list(range(0, n_tiles, tb))
         # additive causal bias by number of visible keys: row l = [0] * l + [-inf] * (C - l)
         hidden = torch.arange(L.C, device=k.device)[None, :] >= torch.arange(L.C + 1, device=k.device)[:, None]
         self.bias = torch.zeros(L.C + 1, L.C, dtype=k.dtype, device=k.device).masked_fill_(hidden, NEG_INF)
-        self.chunked = k.is_contiguous()  # gather whole chunks of a [BH * n_chunks, C, D] view; else rows
-        n_items = k.shape[0] * k.shape[1] * L.Tq  # slot -> source row; padding slots read row n_items (zeros)
-        self.src = torch.full((n_tiles * L.Q,), n_items, dtype=torch.long, device=k.device).index_copy_(0, L.dest, L.order)
-        big = torch.tensor([torch.iinfo(torch.long).max], device=k.device)
-        self.pos = torch.cat([q_pos.repeat(n_items // L.Tq), big])  # padding slots see their whole chunk
+        self.chunked = k.is_contiguous()  # gather whole chunks of a [BH * n_chunks, C * D] view; else rows
+        # slot -> source query row; padding slots read row 0, see their whole chunk, and are never written back
+        self.valid = torch.zeros(n_tiles * L.Q, dtype=k.dtype, device=k.device).index_fill_(0, L.dest, 1.0)
+        self.src = torch.zeros(n_tiles * L.Q, dtype=torch.long, device=k.device).index_copy_(0, L.dest, L.order)
+        big = torch.iinfo(torch.long).max
+        self.pos = torch.where(self.valid > 0, q_pos[self.src % L.Tq], big)
 
-    def chunks(self, x: Tensor) -> Tensor:
-        """x [B, H, Tk, D] as [BH * n_chunks, C * D] (2-D: row gathers are plain block copies)."""
+    def chunks(self, x: Tensor) -> Tensor | None:
+        """x [B, H, Tk, D] as [BH * n_chunks, C * D] (2-D: a chunk gather is a block copy); None for views."""
+        if not self.chunked:
+            return None
         B, H, Tk, D = x.shape
         pad = self.L.n_chunks * self.L.C - Tk
         return (F.pad(x, (0, 0, 0, pad)) if pad else x).view(B * H * self.L.n_chunks, self.L.C * D)
@@ -364,11 +369,12 @@ class _TileBatches:
         for b, t0 in enumerate(self.starts):
             tiles = L.tile_group[t0 : t0 + self.tb]
             items, slots = L.order[self.bounds[b] : self.bounds[b + 1]], L.dest[self.bounds[b] : self.bounds[b + 1]] - t0 * L.Q
-            src = self.src[t0 * L.Q : (t0 + len(tiles)) * L.Q]
+            sl = slice(t0 * L.Q, (t0 + len(tiles)) * L.Q)
             start = (tiles % L.n_chunks) * L.C
-            qpos = self.pos.index_select(0, src).view(len(tiles), L.Q)
+            qpos = self.pos[sl].view(len(tiles), L.Q)
             visible = torch.minimum((qpos - start[:, None]).clamp(max=L.C - 1) + 1, (L.Tk - start).clamp(max=L.C)[:, None])
-            yield tiles, items, slots, src, self.bias.index_select(0, visible.view(-1)).view(len(tiles), L.Q, L.C)
+            bias = self.bias.index_select(0, visible.view(-1)).view(len(tiles), L.Q, L.C)
+            yield tiles, items, slots, self.src[sl], self.valid[sl, None], bias
 
     def gather(self, xc: Tensor | None, x: Tensor, tiles: Tensor) -> Tensor:
         if xc is not None:
@@ -377,25 +383,22 @@ class _TileBatches:
         return x.flatten(0, 1)[bh[:, None], kidx]
 
 
-def _with_zero_row(x: Tensor) -> Tensor:
-    return torch.cat([x, x.new_zeros((1,) + tuple(x.shape[1:]))])
-
-
 class _TileAttention(torch.autograd.Function):
     """Softmax attention of each query inside its selected chunk, ``tb`` tiles at a time, flash style:
-    saves o and lse and recomputes the [Q, C] probabilities in backward, so temporaries stay in cache.
-    Returns ``o [BH*Tq, D]`` (0 for unselected queries) and ``lse [BH*Tq]`` (-inf there)."""
+    saves o and recomputes the [Q, C] probabilities in backward, so temporaries stay in cache and no
+    [Tq, D]-sized temporaries are made. Returns ``o [BH*Tq, D]`` (0 for unselected queries) and
+    ``lse [BH*Tq]`` (-inf there). ``gate [BH*Tq]`` (optional) is a straight-through factor whose value
+    is 1: it does not scale o, and receives the gradient dO_t . o_t."""
 
     @staticmethod
-    def forward(ctx, q_flat, k, v, q_pos, L: TileLayout, scale, tb):
+    def forward(ctx, q_flat, k, v, gate, q_pos, L: TileLayout, scale, tb):
         D, Q = q_flat.shape[1], L.Q
         o = q_flat.new_zeros(q_flat.shape)
         lse = q_flat.new_full(q_flat.shape[:1], NEG_INF)
         batches = _TileBatches(L, k, q_pos, tb)
-        kc, vc = (batches.chunks(k), batches.chunks(v)) if batches.chunked else (None, None)
-        qs = _with_zero_row(q_flat * scale)
-        for tiles, items, slots, src, bias in batches:
-            qt = qs.index_select(0, src).view(len(tiles), Q, D)
+        kc, vc = batches.chunks(k), batches.chunks(v)
+        for tiles, items, slots, src, _, bias in batches:
+            qt = q_flat.index_select(0, src).mul_(scale).view(len(tiles), Q, D)
             s = torch.bmm(qt, batches.gather(kc, k, tiles).transpose(1, 2)).add_(bias)
             p = torch.softmax(s, dim=-1)
             ot = torch.bmm(p, batches.gather(vc, v, tiles)).view(-1, D)
@@ -403,34 +406,38 @@ class _TileAttention(torch.autograd.Function):
             m = s.amax(-1).sub_(p.amax(-1).log_())  # lse = max - log(max p)
             lse.index_copy_(0, items, m.view(-1).index_select(0, slots))
         ctx.save_for_backward(q_flat, k, v, q_pos, o)
-        ctx.L, ctx.scale, ctx.tb = L, scale, tb
+        ctx.L, ctx.scale, ctx.tb, ctx.has_gate = L, scale, tb, gate is not None
         return o, lse
 
     @staticmethod
     def backward(ctx, do, dlse):
         q_flat, k, v, q_pos, o = ctx.saved_tensors
         L, scale, Q = ctx.L, ctx.scale, ctx.L.Q
-        D = q_flat.shape[1]
+        B, H, Tk, D = k.shape
         batches = _TileBatches(L, k, q_pos, ctx.tb)
-        kc, vc = (batches.chunks(k), batches.chunks(v)) if batches.chunked else (None, None)
-        dkc = k.new_zeros(k.shape[0] * k.shape[1] * L.n_chunks, L.C * D)
+        kc, vc = batches.chunks(k), batches.chunks(v)
+        dkc = k.new_zeros(B * H * L.n_chunks, L.C * D)
         dvc = torch.zeros_like(dkc)
-        delta = (do * o).sum(-1) - dlse  # dL/ds = p * (dO.v - delta), delta = dO.o - dL/dlse
-        qs, do, delta = _with_zero_row(q_flat * scale), _with_zero_row(do), _with_zero_row(delta[:, None])
         dq = torch.zeros_like(q_flat)
-        for tiles, items, slots, src, bias in batches:
+        dgate = torch.zeros_like(dlse) if ctx.has_gate else None
+        for tiles, items, slots, src, valid, bias in batches:
             n = len(tiles)
-            qt, dot, dt = (x.index_select(0, src).view(n, Q, -1) for x in (qs, do, delta))
+            qt = q_flat.index_select(0, src).mul_(scale)
+            dot = do.index_select(0, src).mul_(valid)  # padding rows: dO = 0
+            do_o = (dot * o.index_select(0, src)).sum(-1, keepdim=True)  # dO_t . o_t
+            if dgate is not None:
+                dgate.index_copy_(0, items, do_o.view(-1).index_select(0, slots))
+            dt = do_o.sub_(dlse.index_select(0, src)[:, None].mul_(valid)).view(n, Q, 1)  # dL/ds = p (dO.v - dt)
+            qt, dot = qt.view(n, Q, D), dot.view(n, Q, D)
             kt, vt = batches.gather(kc, k, tiles), batches.gather(vc, v, tiles)
-            p = torch.softmax(torch.bmm(qt, kt.transpose(1, 2)).add_(bias), dim=-1)  # padding rows: dO = 0, delta = 0
+            p = torch.softmax(torch.bmm(qt, kt.transpose(1, 2)).add_(bias), dim=-1)
             ds = torch.bmm(dot, vt.transpose(1, 2)).sub_(dt).mul_(p)
             dvc.index_add_(0, tiles, torch.bmm(p.transpose(1, 2), dot).view(n, -1))
             dkc.index_add_(0, tiles, torch.bmm(ds.transpose(1, 2), qt).view(n, -1))
             dq.index_copy_(0, items, torch.bmm(ds, kt).view(-1, D).index_select(0, slots))
-        B, H, Tk, _ = k.shape
         dk = dkc.view(B, H, -1, D)[:, :, :Tk]
         dv = dvc.view(B, H, -1, D)[:, :, :Tk]
-        return dq.mul_(scale), dk, dv, None, None, None, None
+        return dq.mul_(scale), dk, dv, dgate, None, None, None, None
 
 
 TileKernel = Callable[[Tensor, Tensor, Tensor, Tensor, float, bool], tuple[Tensor, Tensor | None]]
@@ -444,19 +451,21 @@ def tile_attention(qt: Tensor, kt: Tensor, vt: Tensor, mask: Tensor, scale: floa
 
 
 def attend_selected(q: Tensor, k: Tensor, v: Tensor, sel: Tensor, q_pos: Tensor, scale: float, C: int, Q: int,
-                    kernel: TileKernel | None = None, need_lse: bool = True) -> tuple[Tensor, Tensor | None]:
+                    kernel: TileKernel | None = None, need_lse: bool = True, gate: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
     """Causal softmax attention of each query inside one chunk, ``sel [B, H, Tq]`` (-1 = none: output 0,
     lse -inf). Queries are grouped by (batch, head, chunk) into tiles of Q; each tile gathers its chunk's
     keys once, so the work is batched [Q x C] matmuls, O(Tq * C * D), with no loop over heads or chunks.
 
     ``kernel=None``: the hand-written tile-batched autograd Function (CPU path). Otherwise every tile
-    is gathered at once and ``kernel`` (e.g. ``tile_attention``, or SDPA on CUDA) runs under autograd."""
+    is gathered at once and ``kernel`` (e.g. ``tile_attention``, or SDPA on CUDA) runs under autograd.
+    ``gate [B, H, Tq]``: a straight-through factor (value 1) applied to the output."""
     B, H, Tq, D = q.shape
     Q = max(1, min(Q, Tq))  # a tile never needs more slots than there are queries
     L = tile_layout(sel, k.shape[2], C, Q)
     q_flat = q.reshape(B * H * Tq, D)
     if kernel is None:
-        o, lse = _TileAttention.apply(q_flat, k, v, q_pos, L, scale, max(1, TILE_BATCH_ELEMS // (Q * C)))
+        g = None if gate is None else gate.reshape(-1)
+        o, lse = _TileAttention.apply(q_flat, k, v, g, q_pos, L, scale, max(1, TILE_BATCH_ELEMS // (Q * C)))
         return o.view(B, H, Tq, D), lse.view(B, H, Tq)
     n = L.tile_group.numel() * Q
     bh, kidx, mask = _tile_keys(L, L.tile_group, _slot_positions(L, q_pos, L.order, L.dest, n))
@@ -467,7 +476,8 @@ def attend_selected(q: Tensor, k: Tensor, v: Tensor, sel: Tensor, q_pos: Tensor,
     if need_lse:
         lse = torch.full((B * H * Tq,), NEG_INF, dtype=lse_t.dtype, device=q.device)
         lse = lse.index_copy(0, L.order, lse_t.reshape(n).index_select(0, L.dest)).view(B, H, Tq)
-    return o.view(B, H, Tq, D), lse
+    o = o.view(B, H, Tq, D)
+    return (o if gate is None else o * gate[..., None]), lse
 
 
 def merge_softmax(o_a: Tensor, lse_a: Tensor, o_b: Tensor, lse_b: Tensor) -> Tensor:
