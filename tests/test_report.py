@@ -70,3 +70,23 @@ def test_bad_metrics_line_is_named(tmp_path):
         f.write("{oops\n")
     with pytest.raises(ValueError, match=r"metrics.jsonl:21: not valid JSON"):
         load_run(d)
+
+
+def test_suite_results_and_speed_appear_in_the_report(tmp_path):
+    dirs = [fake_run(tmp_path, n, s, off) for n, off in (("ref", 1.0), ("ssm", 1.3)) for s in (0, 1)]
+    for d in dirs:
+        acc = {"1": 1.0, "4": 0.9} if d.name.startswith("ref") else {"1": 0.8, "4": 0.3}
+        mq = {"suite": "mqar", "runs": [{"d_model": 64, "acc": acc, "mean_acc": sum(acc.values()) / 2, "state_bytes": 4096}]}
+        (d / "eval_mqar.json").write_text(json.dumps(mq))
+        (d / "suite_zeroshot").mkdir()
+        (d / "suite_zeroshot" / "eval_lm-eval.json").write_text(json.dumps(
+            {"suite": "lm-eval", "summary": {"arc_easy": {"acc": 0.3, "acc_norm": 0.35}}}))
+    speed = tmp_path / "speed.json"
+    speed.write_text(json.dumps({"meta": {"d_model": 192, "threads": 1}, "results": {
+        "attention": {"ok": True, "train_s": {"512": 0.1}, "decode_ms": {"1024": 1.0}},
+        "ssm": {"ok": True, "train_s": {"512": 0.05}, "decode_ms": {"1024": 0.5}}}}))
+    text = report(dirs, tmp_path / "rep", reference="ref", speed_json=speed).read_text()
+    assert "## Associative recall: mqar" in text and "| ssm | 64 | 4,096 | 0.80 ± 0.00 | 0.30 ± 0.00 | 0.550 ± 0.000 |" in text
+    assert "## lm-evaluation-harness: lm-eval (zeroshot)" in text and "0.350 ± 0.000" in text
+    assert "## Speed against sequence length" in text and "0.050 (0.50x)" in text
+    assert (tmp_path / "rep" / "recall_vs_state_mqar.png").exists()

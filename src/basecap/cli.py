@@ -86,7 +86,7 @@ def _cmd_report(args):
     from .report import report
 
     out = args.out or (Path(args.run_dirs[0]).parent / "report")
-    path = report(args.run_dirs, out, reference=args.reference, smooth=args.smooth)
+    path = report(args.run_dirs, out, reference=args.reference, smooth=args.smooth, speed_json=args.speed)
     print(path.read_text().split("## Figures")[0].rstrip())
     print(f"report: {path.parent / 'report.html'} (and report.md)")
 
@@ -167,6 +167,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--out", default=None, help="output folder (default: <parent of first run>/report)")
     r.add_argument("--reference", default=None, help="run name to compare against (default: the first run)")
     r.add_argument("--smooth", type=int, default=1, help="moving average over this many evaluations before matching")
+    r.add_argument("--speed", default=None, help="a `basecap bench mixers` JSON to include as the speed section")
     r.set_defaults(fn=_cmd_report)
 
     u = sub.add_parser("run", help="the whole experiment: build data if needed, train, evaluate, report",

@@ -105,6 +105,12 @@ class RunConfig(Strict):
 _SECTIONS = ("data", "model", "train", "eval")
 
 
+class SpeedConfig(Strict):
+    lengths: list[int] = Field(default_factory=lambda: [512, 2048, 8192], min_length=1)
+    contexts: list[int] = Field(default_factory=lambda: [1024, 4096, 16384], min_length=1)
+    reps: int = Field(3, gt=0)
+
+
 class ExperimentConfig(Strict):
     name: str
     description: str = ""
@@ -116,6 +122,7 @@ class ExperimentConfig(Strict):
                                              "sizes.<s>.runs.<run> overrides one run at that size")
     suites: list[dict[str, Any]] = Field(default_factory=list, description="evaluation suites run on every trained run: "
                                          "[[suites]] suite = 'mqar' plus that suite's options")
+    speed: SpeedConfig | None = Field(None, description="also benchmark the runs' mixers against sequence length for the report")
     data: dict[str, Any] = Field(default_factory=dict)
     model: dict[str, Any] = Field(default_factory=dict)
     train: dict[str, Any] = Field(default_factory=dict)

@@ -71,7 +71,17 @@ def run_experiment(path: str | Path, overrides: list[str] | None = None, log=pri
         if not (rd / "eval.json").exists():
             evaluate_run(rd, corpus=corpus, log=log)
         run_suites(exp, rc, rd, log=log)
-    rep = report([out / rc.run_id for rc in runs], out / "report", reference=exp.reference)
+    speed_json = None
+    if exp.speed is not None:
+        speed_json = out / "speed" / "mixers.json"
+        if not speed_json.exists():
+            from .bench.mixers import main as bench_mixers
+
+            names = sorted({rc.model.mixer.name for rc in runs})
+            log(f"== speed: {', '.join(names)}")
+            bench_mixers(["--mixers", *names, "--lengths", *map(str, exp.speed.lengths), "--contexts", *map(str, exp.speed.contexts),
+                          "--reps", str(exp.speed.reps), "--out", str(speed_json.parent)])
+    rep = report([out / rc.run_id for rc in runs], out / "report", reference=exp.reference, speed_json=speed_json)
     log((rep.read_text().split("## Figures")[0]).rstrip())
     log(f"\nexperiment {exp.name}: {len(runs)} run(s) in {time.perf_counter() - t0:.0f} s")
     log(f"report: {rep.parent / 'report.html'} (and report.md)")

@@ -273,7 +273,8 @@ def _html(md: str, images: list[Path]) -> str:
     return f"<!doctype html><html><head><meta charset='utf-8'><title>basecap report</title><style>{style}</style></head><body>{''.join(body)}</body></html>"
 
 
-def report(run_dirs: list[str | Path], out_dir: str | Path, reference: str | None = None, smooth: int = 1) -> Path:
+def report(run_dirs: list[str | Path], out_dir: str | Path, reference: str | None = None, smooth: int = 1,
+           speed_json: str | Path | None = None) -> Path:
     """Write report.md, report.html (self-contained), summary.json and PNG plots into ``out_dir``;
     returns the path of report.md."""
     runs = [load_run(d) for d in run_dirs]
@@ -282,8 +283,16 @@ def report(run_dirs: list[str | Path], out_dir: str | Path, reference: str | Non
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     summary = summarize(runs, reference, smooth=smooth)
+    from .suites import suite_sections
+
     images = _plots(runs, out, summary)
     md = _markdown(summary, runs)
+    extra, extra_images = suite_sections(runs, out, speed_json)
+    if extra:
+        head, figs = md.split("## Figures")
+        md = head.rstrip() + "\n" + "\n".join(extra) + "\n\n## Figures" + figs
+        md += "".join(f"\n![{p.stem}]({p.name})\n" for p in extra_images)
+        images += extra_images
     (out / "report.md").write_text(md)
     (out / "report.html").write_text(_html(md, images))
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
