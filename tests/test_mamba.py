@@ -131,7 +131,7 @@ def test_mamba1_paper_defaults():
     m = make({"name": "mamba1"}, d_model=64)
     assert (m.d_inner, m.d_state, m.dt_rank, m.cfg.d_conv) == (128, 16, 4, 4)
     assert torch.allclose(-torch.exp(m.A_log[0]), -torch.arange(1, 17.0))  # S4D-real
-    dt = torch.nn.functional.softplus(m.dt_proj.bias)
+    dt = torch.nn.functional.softplus(m.dt_bias)
     assert dt.min() >= 1e-3 * 0.999 and dt.max() <= 1e-1 * 1.001
     assert m.cfg.default_mlp() == "none"
 

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from basecap.mixers import mixer_names
+from basecap.mixers import mixer_class, mixer_names
 from basecap.model import LM, ModelConfig
 
 
@@ -51,7 +51,7 @@ def test_param_counts_and_flops():
 
 def test_no_biases_anywhere():
     for name in mixer_names():
-        m = tiny({"name": name})
+        m = tiny({"name": name, **mixer_class(name).test_variants[0]})
         for n, mod in m.named_modules():
             if isinstance(mod, torch.nn.Linear):
                 assert mod.bias is None, f"{name}: {n} has a bias"

@@ -81,10 +81,13 @@ class Mamba1(Mixer):
         self.in_proj = nn.Linear(d_model, 2 * E, bias=False)
         self.conv = ShortConv(E, cfg.d_conv, activation=True) if cfg.short_conv else None
         self.x_proj = nn.Linear(E, R + 2 * N, bias=False)
-        self.dt_proj = nn.Linear(R, E, bias=True)
+        # dt = softplus(dt_proj(x) + dt_bias); the bias is a parameter of the recurrence (its init sets the
+        # time scales), kept separate so no nn.Linear in the backbone carries a bias
+        self.dt_proj = nn.Linear(R, E, bias=False)
+        self.dt_bias = nn.Parameter(torch.empty(E))
         with torch.no_grad():
             nn.init.uniform_(self.dt_proj.weight, -(R**-0.5), R**-0.5)
-            self.dt_proj.bias.copy_(init_dt_bias(E, cfg.dt_min, cfg.dt_max, cfg.dt_init_floor))
+            self.dt_bias.copy_(init_dt_bias(E, cfg.dt_min, cfg.dt_max, cfg.dt_init_floor))
         self.dt_proj._no_reinit = True
         if cfg.decay != "none":  # S4D-real: A[e, n] = -(n + 1)
             self.A_log = nn.Parameter(torch.log(torch.arange(1, N + 1, dtype=torch.float32)).repeat(E, 1))
@@ -102,11 +105,11 @@ class Mamba1(Mixer):
         else:
             xi = F.silu(xi)
         dt_low, Bm, Cm = self.x_proj(xi).split([self.dt_rank, self.d_state, self.d_state], dim=-1)
-        dt = F.softplus(self.dt_proj(dt_low))  # [B,T,E]
+        dt = F.softplus(self.dt_proj(dt_low) + self.dt_bias)  # [B,T,E]
         if cfg.decay == "data_dependent":
             g, A = dt, -torch.exp(self.A_log)  # a_t = exp(dt_t A)
         elif cfg.decay == "shared":
-            g, A = None, -torch.exp(self.A_log) * F.softplus(self.dt_proj.bias)[:, None]  # a = exp(A)
+            g, A = None, -torch.exp(self.A_log) * F.softplus(self.dt_bias)[:, None]  # a = exp(A)
         else:
             g, A = None, None  # a = 1
         h0 = None if state is None else state["ssm"]
