@@ -242,8 +242,10 @@ def test_suites_on_a_run_directory(trained_run):
     assert (trained_run / "eval_niah.png").exists()
     res = run_suite(trained_run, "extrapolation", windows=1, domains=["code"])
     assert res["length"] == 128 and np.isfinite(res["domains"]["code"]["loss"]).all()
+    assert res["mean_loss_beyond_train_len"] == pytest.approx(res["domains"]["code"]["loss_beyond_train_len"])
     res = run_suite(trained_run, "recall", n=2)
     assert res["tasks"]["extraction"]["context_tokens"] == 32
+    assert res["mean_accuracy"] == res["extraction_accuracy"] == res["accuracy"]["extraction"]
 
 
 def test_lm_eval_cli_on_a_run_directory(trained_run, tmp_path, capsys, no_builtin_tasks):

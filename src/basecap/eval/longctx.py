@@ -186,8 +186,11 @@ def extrapolation_suite(subject, out_dir: Path, factor: float = 4.0, length: int
         out[d] = {"bucket_start": edges, "loss": losses, "windows": n, "loss_within_train_len": inside,
                   "loss_beyond_train_len": beyond}
     png = _plot_extrapolation(out, bucket, subject, out_dir / "eval_extrapolation.png")
+    ok = [v for v in out.values() if "loss" in v]
+    mean = lambda key: float(np.mean([v[key] for v in ok])) if ok and ok[0][key] is not None else None  # noqa: E731
     return {"length": T, "train_seq_len": subject.seq_len, "bucket": bucket, "split": split, "seed": seed,
-            "domains": out, "plot": png.name}
+            "mean_loss_within_train_len": mean("loss_within_train_len"),
+            "mean_loss_beyond_train_len": mean("loss_beyond_train_len"), "domains": out, "plot": png.name}
 
 
 def _plot_extrapolation(res: dict, bucket: int, subject, path: Path) -> Path:

@@ -269,4 +269,6 @@ def recall_suite(subject, out_dir: Path, files: dict | None = None, n: int = 32,
     for name, path in (files or {}).items():
         recs = read_recall_jsonl(path)[:limit] if limit else read_recall_jsonl(path)
         tasks[name] = {**score_recall(subject, recs, max_new_tokens, batch_size), "file": str(path)}
-    return {"seed": seed, "tasks": tasks, "accuracy": {k: v["accuracy"] for k, v in tasks.items()}}
+    acc = {k: v["accuracy"] for k, v in tasks.items()}
+    return {"seed": seed, "mean_accuracy": sum(acc.values()) / len(acc), **{f"{k}_accuracy": v for k, v in acc.items()},
+            "tasks": tasks, "accuracy": acc}
