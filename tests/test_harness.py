@@ -95,6 +95,18 @@ def test_tasks_generated_from_the_corpus(subject, tmp_path):
     assert rec["answers"][0] in rec["context"]
 
 
+def test_lm_eval_options_match_the_suite():
+    import inspect
+
+    from basecap.eval.suites import LM_EVAL_OPTIONS, check_suite_options
+
+    assert list(LM_EVAL_OPTIONS) == [p for p in inspect.signature(harness.lm_eval_suite).parameters
+                                     if p not in ("subject", "out_dir")]
+    check_suite_options("lm-eval", {"tasks": ["arc_easy"], "num_fewshot": 0})
+    with pytest.raises(Exception, match="num_shots"):
+        check_suite_options("lm-eval", {"num_shots": 0})
+
+
 def test_contains_metric():
     assert harness.contains_results({"answer": "Lisbon"}, [" lisbon and more"]) == {"contains": 1.0}
     assert harness.contains_results({"answers": ["x", "Oslo"]}, ["Riga"]) == {"contains": 0.0}

@@ -141,20 +141,42 @@ def write_json(path: Path, obj: dict) -> Path:
     return path
 
 
-def run_suite(run_dir, suite: str, out_dir: str | Path | None = None, **options) -> dict:
-    """Run one suite on a run directory (or a ``Subject``); write and return ``eval_<suite>.json``."""
+# lm-eval's options, listed here so experiment files validate without importing lm-eval
+LM_EVAL_OPTIONS = ("tasks", "num_fewshot", "limit", "batch_size", "include_path", "seed", "max_length")
+
+
+def _runner(suite: str):
     import importlib
 
+    mod, fn_name = _RUNNERS[suite].split(":")
+    return getattr(importlib.import_module(f"{__package__}.{mod}"), fn_name)
+
+
+def suite_options(suite: str) -> list[str]:
+    """The option names a suite accepts."""
     from ..config_base import ConfigError
 
     if suite not in SUITES:
         raise ConfigError(f"unknown suite {suite!r}; allowed: {', '.join(sorted(SUITES))}")
-    mod, fn_name = _RUNNERS[suite].split(":")
-    fn = getattr(importlib.import_module(f"{__package__}.{mod}"), fn_name)
-    allowed = [p for p in inspect.signature(fn).parameters if p not in ("subject", "out_dir")]
+    if suite == "lm-eval":
+        return list(LM_EVAL_OPTIONS)
+    return [p for p in inspect.signature(_runner(suite)).parameters if p not in ("subject", "out_dir")]
+
+
+def check_suite_options(suite: str, options: dict) -> None:
+    """Fail (naming the key) on an unknown suite or option, before any compute."""
+    from ..config_base import ConfigError
+
+    allowed = suite_options(suite)
     bad = sorted(set(options) - set(allowed))
     if bad:
         raise ConfigError(f"suite {suite!r}: unknown option(s) {bad}; allowed: {', '.join(allowed)}")
+
+
+def run_suite(run_dir, suite: str, out_dir: str | Path | None = None, **options) -> dict:
+    """Run one suite on a run directory (or a ``Subject``); write and return ``eval_<suite>.json``."""
+    check_suite_options(suite, options)
+    fn = _runner(suite)
     subject = run_dir if isinstance(run_dir, Subject) else None
     if out_dir is None:
         base = subject.run_dir if subject is not None else run_dir
