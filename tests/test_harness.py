@@ -122,3 +122,5 @@ def test_missing_dataset_names_it(subject, tmp_path, no_builtin_tasks):
         harness.run_lm_eval(subject, ["basecap_absent"], include_path=str(task), limit=1)
     with pytest.raises(Exception, match="unknown lm-eval task"):
         harness.run_lm_eval(subject, ["basecap_no_such_task"], limit=1)
+    with pytest.raises(harness.LMEvalDataError, match="someorg/not_in_cache"):  # the CLI wrapper too
+        harness.main(["--model", "dummy", "--tasks", "basecap_absent", "--include_path", str(task), "--limit", "1"])

@@ -402,8 +402,32 @@ def main(argv: list[str] | None = None) -> None:
     sys.argv = ["lm-eval", *argv]
     try:
         cli_evaluate()
+    except Exception:
+        tasks = [t for v in _flag_values(argv, "--tasks", "-t") for t in v.split(",") if t]
+        if argv[0] == "run" and tasks:  # name the dataset if that is what failed
+            check_datasets(task_manager(tasks, _flag_values(argv, "--include_path")), tasks)
+        raise
     finally:
         sys.argv = old
+
+
+def _flag_values(argv: list[str], *flags: str) -> list[str]:
+    out = []
+    for i, a in enumerate(argv):
+        if a in flags:
+            out += _until_flag(argv[i + 1:])
+        elif any(a.startswith(f + "=") for f in flags):
+            out.append(a.split("=", 1)[1])
+    return out
+
+
+def _until_flag(rest: list[str]) -> list[str]:
+    vals = []
+    for v in rest:
+        if v.startswith("-"):
+            break
+        vals.append(v)
+    return vals
 
 
 if __name__ == "__main__":
