@@ -19,6 +19,7 @@ from basecap.data import (
     summarize,
 )
 from basecap.data import build as build_mod
+from basecap.data import tokenize as tokenize_mod
 from basecap.data.build import BottomK
 from basecap.data.text import Doc, decode_utf8, normalize_text, strip_email_headers
 
@@ -199,13 +200,27 @@ def test_changed_source_changes_key(tmp_path):
 def test_interrupted_build_leaves_nothing_complete(tmp_path, monkeypatch):
     data = make_tiny_data(tmp_path / "data")
 
-    def boom(*a, **k):
+    def boom(unit):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(build_mod, "encode_documents", boom)
+    monkeypatch.setattr(tokenize_mod, "_committed", boom)
     with pytest.raises(KeyboardInterrupt):
         build_corpus(recipe_from_dict(tiny_recipe(data)), home=tmp_path / "home", log=_quiet)
-    assert list((tmp_path / "home" / "corpora").iterdir()) == []
+    left = sorted(p.name for p in (tmp_path / "home" / "corpora").iterdir())
+    assert [n for n in left if not n.startswith((".tmp-", ".lock-"))] == []  # only the work kept for resuming
+    assert not list((tmp_path / "home" / "corpora").glob("*/manifest.json"))
+
+
+def test_failure_before_any_work_leaves_nothing(tmp_path, monkeypatch):
+    data = make_tiny_data(tmp_path / "data")
+
+    def boom(*a, **k):
+        raise RuntimeError("no tokenizer today")
+
+    monkeypatch.setattr(build_mod, "train_bpe", boom)
+    with pytest.raises(RuntimeError):
+        build_corpus(recipe_from_dict(tiny_recipe(data)), home=tmp_path / "home", log=_quiet)
+    assert [p.name for p in (tmp_path / "home" / "corpora").iterdir() if not p.name.startswith(".lock-")] == []
 
 
 def test_missing_required_source_fails_optional_is_skipped(tmp_path):

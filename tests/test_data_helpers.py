@@ -79,3 +79,64 @@ def make_tiny_data(root: Path, bad_line: bool = False) -> Path:
     write_prose_folder(root / "prose")
     write_slimpajama_zst(root / "pajama" / "shard0.jsonl.zst", bad_line=bad_line)
     return root
+
+
+SLIMPAJAMA_SETS = ("RedPajamaCommonCrawl", "RedPajamaC4", "RedPajamaGithub", "RedPajamaArXiv",
+                   "RedPajamaStackExchange", "RedPajamaBook", "RedPajamaWikipedia")
+
+
+def set_doc(rng: random.Random, set_name: str, i: int) -> str:
+    """A small document in the style of a SlimPajama set, tagged with a marker naming the set."""
+    marker = f"marker{set_name.removeprefix('RedPajama').lower()} {i}\n"
+    if set_name == "RedPajamaGithub":
+        body = code_doc(rng, 12)
+    elif set_name == "RedPajamaArXiv":
+        body = "\\section{Result} Let $x_i = \\sum_{j} a_{ij}$. " + prose_doc(rng, 60)
+    elif set_name == "RedPajamaStackExchange":
+        body = "Q: how do I " + prose_doc(rng, 40) + "A: " + code_doc(rng, 3)
+    else:
+        body = prose_doc(rng, 80)
+    return marker + body
+
+
+def slimpajama_records(n_docs: int, seed: int, sets=SLIMPAJAMA_SETS) -> list[dict]:
+    rng = random.Random(seed)
+    out = []
+    for i in range(n_docs):
+        name = sets[i % len(sets)]
+        out.append({"text": set_doc(rng, name, seed * 100000 + i), "meta": {"redpajama_set_name": name}})
+    return out
+
+
+def write_jsonl_zst(path: Path, records: list[dict]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = "".join(json.dumps(r) + "\n" for r in records).encode("utf-8")
+    path.write_bytes(zstandard.ZstdCompressor().compress(data))
+    return path
+
+
+def records_table(records: list[dict]):
+    """A pyarrow table: ``text`` and a ``meta`` struct column (the SlimPajama parquet layout)."""
+    import pyarrow as pa
+
+    meta = pa.array([r.get("meta") for r in records], type=pa.struct([("redpajama_set_name", pa.string())]))
+    return pa.table({"text": pa.array([r.get("text") for r in records], type=pa.string()), "meta": meta})
+
+
+def write_hf_disk(folder: Path, tables: list) -> Path:
+    """The layout ``datasets.Dataset.save_to_disk`` writes: arrow streams, state.json, dataset_info.json."""
+    import pyarrow as pa
+
+    folder.mkdir(parents=True, exist_ok=True)
+    n = len(tables)
+    for i, t in enumerate(tables):
+        with pa.OSFile(str(folder / f"data-{i:05d}-of-{n:05d}.arrow"), "wb") as f:
+            with pa.ipc.new_stream(f, t.schema) as w:
+                for batch in t.to_batches(max_chunksize=7):
+                    w.write_batch(batch)
+    state = {"_data_files": [{"filename": f"data-{i:05d}-of-{n:05d}.arrow"} for i in range(n)],
+             "_fingerprint": "0", "_format_columns": None, "_format_kwargs": {}, "_format_type": None,
+             "_output_all_columns": False, "_split": None}
+    (folder / "state.json").write_text(json.dumps(state), encoding="utf-8")
+    (folder / "dataset_info.json").write_text(json.dumps({"features": {}}), encoding="utf-8")
+    return folder

@@ -2,8 +2,10 @@
 
 The corpus folder is ``<home>/corpora/<recipe>-<key>`` where the key hashes the validated recipe,
 every source's content fingerprint and the pipeline version, so equal inputs give the same folder
-and a second build is a no-op. A build writes into a temporary folder renamed into place at the
-end: an interrupted build never leaves a folder that looks complete.
+and a second build is a no-op. A build writes into ``.tmp-<recipe>-<key>`` (one build at a time,
+under a lock) renamed into place at the end: an interrupted build never leaves a folder that looks
+complete, and its committed work (the trained tokenizer, tokenised units) is picked up by the next
+build of the same corpus. Tokenisation runs in worker processes (``tokenize.py``).
 """
 
 from __future__ import annotations
@@ -13,9 +15,9 @@ import heapq
 import json
 import os
 import shutil
-import tempfile
 import time
 from collections import Counter, defaultdict
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable
 
@@ -25,7 +27,8 @@ from .corpus import MANIFEST_FORMAT, Corpus
 from .recipe import SPLITS, BPETokenizerConfig, RecipeConfig, load_recipe
 from .sources import DataError, PreparedSource, prepare_source, read_source
 from .text import Doc, doc_digest, split_key
-from .tokenizer import EOT, encode_documents, load_tokenizer, train_bpe
+from .tokenize import load_unit, plan_units, run_units, usable_cpus
+from .tokenizer import EOT, load_tokenizer, train_bpe
 
 PIPELINE_VERSION = 1
 
@@ -68,24 +71,69 @@ class BottomK:
 def _cache_key(recipe: RecipeConfig, prepared: list[PreparedSource], tok_fp: str) -> str:
     blob = {
         "pipeline": PIPELINE_VERSION,
-        "recipe": recipe.model_dump(mode="json"),
+        "recipe": recipe.model_dump(mode="json", exclude={"build"}),
         "sources": [[p.id, p.status, p.fingerprint] for p in prepared],
         "tokenizer_file": tok_fp,
     }
     return hashlib.sha256(json.dumps(blob, sort_keys=True).encode()).hexdigest()
 
 
+@contextmanager
+def _locked(path: Path, log):
+    """An exclusive lock on ``path`` (POSIX); waits while another build of the same corpus runs."""
+    try:
+        import fcntl
+    except ImportError:  # no advisory locks here: builds of one corpus must not overlap
+        yield
+        return
+    with open(path, "a+") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log(f"waiting for another build of {path.name.removeprefix('.lock-')} to finish")
+            fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _remove_stale(corpora: Path) -> None:
+    """Work folders of builds killed more than a week ago (and not being resumed now)."""
+    for stale in corpora.glob(".tmp-*"):
+        if time.time() - stale.stat().st_mtime < 7 * 86400:
+            continue
+        lock = corpora / f".lock-{stale.name.removeprefix('.tmp-')}"
+        try:
+            import fcntl
+
+            with open(lock, "a+") as f:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                shutil.rmtree(stale, ignore_errors=True)
+        except ImportError:
+            shutil.rmtree(stale, ignore_errors=True)
+        except BlockingIOError:
+            continue
+
+
 def build_corpus(recipe: RecipeConfig | str, home: str | os.PathLike | None = None,
-                 log: Callable[[str], None] = print) -> Corpus:
-    """Build the corpus of ``recipe`` in the data home, or reuse it when it is already built."""
+                 log: Callable[[str], None] = print, workers: int | None = None,
+                 progress: bool | None = None) -> Corpus:
+    """Build the corpus of ``recipe`` in the data home, or reuse it when it is already built.
+
+    ``workers``: tokenising processes (default: the recipe's ``build.workers``, else the usable CPU
+    count); the corpus does not depend on it. ``progress``: a progress bar on stderr (default: when
+    stderr is a terminal). An interrupted build resumes from its committed work when run again.
+    """
     if not isinstance(recipe, RecipeConfig):
         recipe = load_recipe(recipe)
+    if workers is not None and workers < 1:
+        raise ValueError(f"workers must be >= 1, got {workers}")
+    workers = workers or recipe.build.workers or usable_cpus()
     home = data_home(home)
     corpora = home / "corpora"
     corpora.mkdir(parents=True, exist_ok=True)
-    for stale in corpora.glob(".tmp-*"):  # left by a build killed more than a day ago
-        if time.time() - stale.stat().st_mtime > 86400:
-            shutil.rmtree(stale, ignore_errors=True)
+    _remove_stale(corpora)
     log(f"corpus recipe {recipe.name!r}: checking {len(recipe.sources)} sources")
     prepared = [prepare_source(s, i, home, log) for i, s in enumerate(recipe.sources)]
     tok_fp = ""
@@ -94,24 +142,29 @@ def build_corpus(recipe: RecipeConfig | str, home: str | os.PathLike | None = No
         tok_fp = hashlib.sha256(Path(recipe.tokenizer.path).read_bytes()).hexdigest()
     key = _cache_key(recipe, prepared, tok_fp)
     target = corpora / f"{recipe.name}-{key[:16]}"
-    if (target / "manifest.json").is_file():
-        log(f"corpus {target.name}: up to date, nothing to build ({target})")
-        return Corpus(target)
-    if target.exists():  # a folder without a manifest was never completed by us
-        shutil.rmtree(target)
-    t0 = time.perf_counter()
-    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{target.name}-", dir=corpora))
-    try:
-        _build_into(tmp, recipe, prepared, key, log)
+    with _locked(corpora / f".lock-{target.name}", log):
+        if (target / "manifest.json").is_file():
+            log(f"corpus {target.name}: up to date, nothing to build ({target})")
+            return Corpus(target)
+        if target.exists():  # a folder without a manifest was never completed by us
+            shutil.rmtree(target)
+        t0 = time.perf_counter()
+        tmp = corpora / f".tmp-{target.name}"
+        if (tmp / "work").is_dir():
+            log(f"corpus {target.name}: resuming an interrupted build ({tmp})")
+        elif tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir(exist_ok=True)
         try:
-            os.rename(tmp, target)
-        except OSError:
-            if not (target / "manifest.json").is_file():
-                raise
-            log(f"corpus {target.name}: another build finished first; using it")
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+            _build_into(tmp, recipe, prepared, key, log, workers, progress)
+        except BaseException:
+            if not any((tmp / "work").rglob("*.npz")) and not (tmp / "work" / "tokenizer.json").is_file():
+                shutil.rmtree(tmp, ignore_errors=True)  # nothing worth resuming
+            else:
+                log(f"corpus {target.name}: build stopped; its finished work is kept in {tmp} "
+                    "and the next build of this corpus resumes from it")
+            raise
+        os.rename(tmp, target)
     log(f"corpus {target.name}: built in {time.perf_counter() - t0:.1f} s ({target})")
     return Corpus(target)
 
@@ -165,7 +218,8 @@ def _assign_splits(u: np.ndarray, ntok: np.ndarray, recipe: RecipeConfig) -> np.
     return out
 
 
-def _build_into(out: Path, recipe: RecipeConfig, prepared: list[PreparedSource], key: str, log) -> None:
+def _build_into(out: Path, recipe: RecipeConfig, prepared: list[PreparedSource], key: str, log,
+                workers: int = 1, progress: bool | None = None) -> None:
     selected, dup = _collect(recipe, prepared, log)
     skipped_domains = {}
     for d, items in list(selected.items()):
@@ -178,71 +232,39 @@ def _build_into(out: Path, recipe: RecipeConfig, prepared: list[PreparedSource],
             log(f"  domain {d}: skipped, no documents from {srcs}")
             del selected[d]
 
-    cut = recipe.splits.validation + recipe.splits.test
-    keys = {d: np.array([split_key(dg) for dg, _, _ in items]) for d, items in selected.items()}
-    tcfg = recipe.tokenizer
-    t0 = time.perf_counter()
-    if isinstance(tcfg, BPETokenizerConfig):
-        sample, sample_bytes = [], {}
-        for d, items in selected.items():
-            pool = [doc for (dg, n, doc), k in zip(items, keys[d]) if k >= cut] or [x[2] for x in items]
-            room = tcfg.sample_bytes_per_domain
-            for doc in pool:
-                if room <= 0:
-                    break
-                raw = doc.text.encode("utf-8")[:room]
-                sample.append(raw.decode("utf-8", errors="ignore"))
-                room -= len(raw)
-            sample_bytes[d] = tcfg.sample_bytes_per_domain - max(room, 0)
-        tok = train_bpe(sample, tcfg.vocab_size, tcfg.min_frequency, length=len(sample))
-        tok.save(str(out / "tokenizer.json"))
-        tok, eot_id = load_tokenizer(out / "tokenizer.json")
-        tok_info = {"kind": "bpe", "trained_on_bytes": sample_bytes}
-        log(f"  tokenizer: byte-level BPE, vocab {tok.get_vocab_size()}, trained on "
-            f"{sum(sample_bytes.values()) / 1e6:.1f} MB ({time.perf_counter() - t0:.1f} s)")
-    else:
-        shutil.copyfile(tcfg.path, out / "tokenizer.json")
-        tok, eot_id = load_tokenizer(out / "tokenizer.json", tcfg.eot_token)
-        tok_info = {"kind": "file", "source_path": str(tcfg.path)}
+    work = out / "work"
+    work.mkdir(exist_ok=True)
+    tok_info, eot_token = _tokenizer(out, work, recipe, selected, log)
+    tok, eot_id = load_tokenizer(out / "tokenizer.json", eot_token)
     vocab = tok.get_vocab_size()
     dtype = np.uint16 if vocab <= 65535 else np.uint32
-    eot_token = EOT if isinstance(tcfg, BPETokenizerConfig) else tcfg.eot_token
-    tok_info.update(vocab_size=vocab, eot_token=eot_token, eot_id=eot_id,
-                    sha256=hashlib.sha256((out / "tokenizer.json").read_bytes()).hexdigest())
+    tok_sha = tok_info.pop("sha256")
+    tok_info.update(vocab_size=vocab, eot_token=eot_token, eot_id=eot_id, sha256=tok_sha)
 
-    (out / "tokens").mkdir()
-    domains_info, doc_rows = {}, []
-    t0 = time.perf_counter()
+    keys = {d: np.array([split_key(dg) for dg, _, _ in items]) for d, items in selected.items()}
+    units = {}
     for d, items in selected.items():
-        ids = encode_documents(tok, [doc.text for _, _, doc in items], dtype)
-        ntok = np.array([len(a) for a in ids], dtype=np.int64)
-        split = _assign_splits(keys[d], ntok, recipe)
         order = np.argsort(keys[d], kind="stable")
+        units[d] = plan_units(d, [dg for dg, _, _ in items], [n for _, n, _ in items], order,
+                              tok_sha + np.dtype(dtype).name, recipe.build.unit_bytes)
+    t0 = time.perf_counter()
+    run_units([u for us in units.values() for u in us], lambda u: [selected[u.group][i][2].text for i in u.docs],
+              work / "units", out / "tokenizer.json", eot_token, eot_id, dtype, workers, progress, log)
+    log(f"  tokenised in {time.perf_counter() - t0:.1f} s")
+
+    (out / "tokens").mkdir(exist_ok=True)
+    domains_info, doc_rows = {}, []
+    for d, items in selected.items():
         info = {"role": recipe.domains[d].role, "description": recipe.domains[d].description,
                 "duplicates_removed": dup[d], "splits": {}}
-        for code, name in enumerate(SPLITS):
-            idx = [i for i in order if split[i] == code]
-            sep = np.array([eot_id], dtype=dtype)
-            arr = np.concatenate([x for i in idx for x in (ids[i], sep)]) if idx else np.zeros(0, dtype)
-            path = out / "tokens" / f"{d}.{name}.bin"
-            arr.tofile(path)
-            nbytes = sum(items[i][1] for i in idx)
-            info["splits"][name] = {
-                "documents": len(idx), "bytes": nbytes, "tokens": int(arr.size),
-                "file": f"tokens/{d}.{name}.bin", "sha256": hashlib.sha256(arr.tobytes()).hexdigest(),
-            }
-            if not idx:
-                log(f"  warning: domain {d} has an empty {name} split")
-            for i in idx:
-                dg, n, doc = items[i]
-                origin = doc.origin.replace("\t", " ").replace("\n", " ")
-                doc_rows.append(f"{d}\t{name}\t{dg.hex()}\t{n}\t{int(ntok[i])}\t{doc.source}\t{origin}")
+        info["splits"], rows = _write_shards(out, d, items, keys[d], units[d], work / "units", recipe, log)
+        doc_rows += rows
         info["documents"] = len(items)
         info["bytes"] = sum(n for _, n, _ in items)
         info["tokens"] = sum(s["tokens"] for s in info["splits"].values())
         domains_info[d] = info
-    log(f"  tokenised {sum(i['tokens'] for i in domains_info.values()) / 1e6:.2f} M tokens "
-        f"({time.perf_counter() - t0:.1f} s)")
+    log(f"  {sum(i['tokens'] for i in domains_info.values()) / 1e6:.2f} M tokens in "
+        f"{sum(len(u) for u in units.values())} units")
 
     selected_by_source = Counter(doc.source for items in selected.values() for _, _, doc in items)
     selected_bytes = Counter()
@@ -272,13 +294,92 @@ def _build_into(out: Path, recipe: RecipeConfig, prepared: list[PreparedSource],
         "domain\tsplit\tdigest\tbytes\ttokens\tsource\torigin\n" + "\n".join(doc_rows) + "\n", encoding="utf-8")
     manifest = {
         "format": MANIFEST_FORMAT, "pipeline_version": PIPELINE_VERSION, "key": key,
-        "recipe_name": recipe.name, "recipe": recipe.model_dump(mode="json"),
+        "recipe_name": recipe.name, "recipe": recipe.model_dump(mode="json", exclude={"build"}),
         "dtype": np.dtype(dtype).name, "tokenizer": tok_info, "splits": list(SPLITS),
         "domains": domains_info, "skipped_domains": skipped_domains, "sources": sources,
     }
+    shutil.rmtree(work)  # the finished corpus holds no work files; the manifest comes last
     tmp = out / "manifest.json.tmp"
     tmp.write_text(json.dumps(manifest, indent=1), encoding="utf-8")
     os.replace(tmp, out / "manifest.json")
+
+
+def _tokenizer(out: Path, work: Path, recipe: RecipeConfig, selected: dict, log) -> tuple[dict, str]:
+    """Train (or reuse from ``work``) the BPE, or copy the given tokenizer, to ``out/tokenizer.json``."""
+    tcfg = recipe.tokenizer
+    if not isinstance(tcfg, BPETokenizerConfig):
+        shutil.copyfile(tcfg.path, out / "tokenizer.json")
+        info = {"kind": "file", "source_path": str(tcfg.path)}
+        eot_token = tcfg.eot_token
+    else:
+        cut = recipe.splits.validation + recipe.splits.test
+        sample, sample_bytes = [], {}
+        for d, items in selected.items():
+            pool = [doc for dg, n, doc in items if split_key(dg) >= cut] or [x[2] for x in items]
+            room = tcfg.sample_bytes_per_domain
+            for doc in pool:
+                if room <= 0:
+                    break
+                raw = doc.text.encode("utf-8")[:room]
+                sample.append(raw.decode("utf-8", errors="ignore"))
+                room -= len(raw)
+            sample_bytes[d] = tcfg.sample_bytes_per_domain - max(room, 0)
+        done = work / "tokenizer.json"
+        if done.is_file():
+            log("  tokenizer: reusing the one trained by the interrupted build")
+        else:
+            t0 = time.perf_counter()
+            tok = train_bpe(sample, tcfg.vocab_size, tcfg.min_frequency, length=len(sample))
+            tok.save(str(work / "tokenizer.json.tmp"))
+            os.replace(work / "tokenizer.json.tmp", done)
+            log(f"  tokenizer: byte-level BPE, vocab {tok.get_vocab_size()}, trained on "
+                f"{sum(sample_bytes.values()) / 1e6:.1f} MB ({time.perf_counter() - t0:.1f} s)")
+        shutil.copyfile(done, out / "tokenizer.json")
+        info = {"kind": "bpe", "trained_on_bytes": sample_bytes}
+        eot_token = EOT
+    info["sha256"] = hashlib.sha256((out / "tokenizer.json").read_bytes()).hexdigest()
+    return info, eot_token
+
+
+def _write_shards(out: Path, d: str, items: list, keys: np.ndarray, units: list, folder: Path,
+                  recipe: RecipeConfig, log) -> tuple[dict, list[str]]:
+    """The domain's three shards from its units (documents in split-key order within each split)."""
+    ntok = np.zeros(len(items), dtype=np.int64)
+    for u in units:
+        ntok[list(u.docs)] = load_unit(folder / u.file)[1]
+    split = _assign_splits(keys, ntok, recipe)
+    files = {name: open(out / "tokens" / f"{d}.{name}.bin", "wb") for name in SPLITS}
+    hashes = {name: hashlib.sha256() for name in SPLITS}
+    rows = {name: [] for name in SPLITS}
+    try:
+        for u in units:
+            tokens, lengths = load_unit(folder / u.file)
+            docs = np.asarray(u.docs, dtype=np.int64)
+            for code, name in enumerate(SPLITS):
+                mine = split[docs] == code
+                if not mine.any():
+                    continue
+                part = tokens[np.repeat(mine, lengths + 1)].tobytes()
+                files[name].write(part)
+                hashes[name].update(part)
+                rows[name] += [int(i) for i in docs[mine]]
+    finally:
+        for f in files.values():
+            f.close()
+    info, lines = {}, []
+    for name in SPLITS:
+        idx = rows[name]
+        info[name] = {
+            "documents": len(idx), "bytes": sum(items[i][1] for i in idx), "tokens": int(sum(ntok[idx]) + len(idx)),
+            "file": f"tokens/{d}.{name}.bin", "sha256": hashes[name].hexdigest(),
+        }
+        if not idx:
+            log(f"  warning: domain {d} has an empty {name} split")
+        for i in idx:
+            dg, n, doc = items[i]
+            origin = doc.origin.replace("\t", " ").replace("\n", " ")
+            lines.append(f"{d}\t{name}\t{dg.hex()}\t{n}\t{int(ntok[i])}\t{doc.source}\t{origin}")
+    return info, lines
 
 
 def _targets(p: PreparedSource) -> set[str]:

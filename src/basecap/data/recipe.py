@@ -71,10 +71,10 @@ class FilesSource(_MemberSource):
     exclude_dirs: list[str] = []  # folder names pruned anywhere in the walk
 
 
-class JsonlSource(_SourceBase):
-    """jsonl / jsonl.zst / jsonl.gz records, read as a stream (SlimPajama layout by default)."""
+class _RecordSource(_SourceBase):
+    """Records with a text field, one domain or a domain per record (``domain_field`` + ``domain_map``)."""
 
-    kind: Literal["jsonl"] = "jsonl"
+    kind: str
     paths: list[str]  # globs; relative paths are relative to the recipe file
     text_field: str = "text"
     domain_field: str | None = None  # dotted path, e.g. "meta.redpajama_set_name"
@@ -84,10 +84,39 @@ class JsonlSource(_SourceBase):
     @model_validator(mode="after")
     def _target(self):
         if self.domain_field is None and self.domain is None:
-            raise ValueError("a jsonl source needs `domain`, or `domain_field` with `domain_map`")
+            raise ValueError(f"a {self.kind} source needs `domain`, or `domain_field` with `domain_map`")
         if self.domain_field is not None and not self.domain_map:
             raise ValueError("`domain_field` needs a `domain_map` from field values to domains")
         return self
+
+
+class JsonlSource(_RecordSource):
+    """jsonl / jsonl.zst / jsonl.gz records, read as a stream (SlimPajama layout by default)."""
+
+    kind: Literal["jsonl"] = "jsonl"
+
+
+class _TableSource(_RecordSource):
+    batch_rows: int = Field(default=1024, gt=0)  # rows per record batch read (bounds memory)
+
+
+class ParquetSource(_TableSource):
+    """Parquet files; a path that is a folder stands for every ``*.parquet`` under it."""
+
+    kind: Literal["parquet"] = "parquet"
+
+
+class ArrowSource(_TableSource):
+    """Arrow IPC files or streams (``.arrow``, ``.feather``); a folder stands for its ``*.arrow`` files."""
+
+    kind: Literal["arrow"] = "arrow"
+
+
+class HFDiskSource(_TableSource):
+    """Folders written by ``datasets``' ``save_to_disk`` (a Dataset, or a DatasetDict of splits)."""
+
+    kind: Literal["hf_disk"] = "hf_disk"
+    splits: list[str] = []  # of a DatasetDict; empty: every split, in dataset_dict.json order
 
 
 class PythonTopicsSource(_SourceBase):
@@ -97,7 +126,8 @@ class PythonTopicsSource(_SourceBase):
 
 
 Source = Annotated[
-    Union[PipSdistSource, NpmPackSource, FilesSource, JsonlSource, PythonTopicsSource],
+    Union[PipSdistSource, NpmPackSource, FilesSource, JsonlSource, ParquetSource, ArrowSource, HFDiskSource,
+          PythonTopicsSource],
     Field(discriminator="kind"),
 ]
 
@@ -140,6 +170,13 @@ TokenizerConfig = Annotated[
 ]
 
 
+class BuildConfig(Strict):
+    """How a corpus is built; never what it contains (left out of the cache key and the manifest)."""
+
+    workers: int | None = Field(default=None, ge=1)  # tokenising processes; None: the usable CPU count
+    unit_bytes: int = Field(default=4_000_000, gt=0)  # text per committed unit of tokenised work
+
+
 class RecipeConfig(Strict):
     name: str = Field(pattern=DOMAIN_NAME)
     description: str = ""
@@ -147,6 +184,7 @@ class RecipeConfig(Strict):
     sources: list[Source]
     splits: SplitConfig = SplitConfig()
     tokenizer: TokenizerConfig = BPETokenizerConfig()
+    build: BuildConfig = BuildConfig()
 
     @model_validator(mode="after")
     def _consistent(self):
@@ -159,7 +197,7 @@ class RecipeConfig(Strict):
         names = set()
         for i, s in enumerate(self.sources):
             targets = [s.domain] if s.domain is not None else []
-            if isinstance(s, JsonlSource):
+            if isinstance(s, _RecordSource):
                 targets += list(s.domain_map.values())
             for t in targets:
                 if t not in self.domains:

@@ -1,5 +1,7 @@
 """Corpus sources: fetch (pip, npm), fingerprint, and stream normalised documents.
 
+Columnar sources (parquet, arrow, hf_disk) are read in ``tables.py``.
+
 ``prepare_source`` makes a source ready (downloading archives into the data home once) and
 fingerprints its content for the corpus cache key; an optional source whose client or files are
 missing comes back skipped with a reason. ``read_source`` then streams its documents.
@@ -31,6 +33,7 @@ from .recipe import (
     NpmPackSource,
     PipSdistSource,
     PythonTopicsSource,
+    _TableSource,
     source_id,
 )
 from .text import CLEANERS, Doc, decode_utf8, glob_match, normalize_text
@@ -143,7 +146,7 @@ def _walk(src: FilesSource) -> list[tuple[Path, str]]:
     return out
 
 
-def _jsonl_files(src: JsonlSource) -> list[Path]:
+def _record_files(src) -> list[Path]:
     files: list[Path] = []
     for pattern in src.paths:
         for p in _expand_root(pattern):
@@ -175,8 +178,13 @@ def prepare_source(src, index: int, home: Path, log: Callable = print) -> Prepar
                 h.update(f"{rel}\0{_sha256_file(p)}\n".encode())
             prep.fingerprint = h.hexdigest()
             prep.origin = f"files: {src.root} ({len(found)} files)"
-        elif isinstance(src, JsonlSource):
-            prep.files = _jsonl_files(src)
+        elif isinstance(src, (JsonlSource, _TableSource)):
+            if isinstance(src, JsonlSource):
+                prep.files = _record_files(src)
+            else:
+                from .tables import table_files
+
+                prep.files = table_files(src)
             if not prep.files:
                 raise SourceUnavailable(f"no files match {src.paths}")
             h = hashlib.sha256()
@@ -187,7 +195,7 @@ def prepare_source(src, index: int, home: Path, log: Callable = print) -> Prepar
                 else:
                     h.update(f"{p}\0{_sha256_file(p)}\n".encode())
             prep.fingerprint = h.hexdigest()
-            prep.origin = f"jsonl: {len(prep.files)} files"
+            prep.origin = f"{src.kind}: {len(prep.files)} files"
         elif isinstance(src, PythonTopicsSource):
             import pydoc_data.topics as topics
 
@@ -273,7 +281,8 @@ def _chunks(path: Path, size: int = 1 << 20) -> Iterator[bytes]:
     """Decompressed bytes of a plain, .gz or .zst file, read as a stream.
 
     A .zst file may hold several frames; one that ends early raises EOFError (the zstandard
-    stream reader would end quietly and lose the tail without a trace).
+    stream reader would end quietly and lose the tail without a trace). Compressed input is fed
+    in pieces of ``size / 16`` so a piece's output stays near ``size`` at ordinary text ratios.
     """
     if path.name.endswith(".zst"):
         import zstandard
@@ -281,7 +290,7 @@ def _chunks(path: Path, size: int = 1 << 20) -> Iterator[bytes]:
         dctx = zstandard.ZstdDecompressor()
         with open(path, "rb") as f:
             dobj, fed = dctx.decompressobj(), False
-            for chunk in iter(lambda: f.read(size), b""):
+            for chunk in iter(lambda: f.read(max(size // 16, 1)), b""):
                 while chunk:
                     fed = True
                     out = dobj.decompress(chunk)
@@ -363,6 +372,10 @@ def read_source(prep: PreparedSource) -> Iterator[Doc]:
     src = prep.config
     if isinstance(src, JsonlSource):
         yield from _read_jsonl(prep)
+    elif isinstance(src, _TableSource):
+        from .tables import read_table
+
+        yield from read_table(prep)
     elif isinstance(src, PythonTopicsSource):
         from pydoc_data.topics import topics
 
