@@ -13,8 +13,11 @@ Window branch: softmax attention with RoPE in which each query sees its last ``w
 ``branches="both"`` (default) runs both branches in every layer on their own projections and sums
 them through one output projection; ``"linear"`` / ``"window"`` keep one branch, so the paper's
 alternating hybrid is a ``layer_mixers`` pattern (see docs/mixers/delta.md). ``impl="ref"``:
-step-by-step linear attention and dense masked softmax in fp32; ``"chunked"``/``"auto"``:
-chunked linear attention (ops/linear_attn.py) and block-local window attention.
+step-by-step linear attention and dense masked softmax in fp32; ``"chunked"``: chunked linear
+attention (ops/linear_attn.py) and block-local window attention; ``"fast"`` (CUDA only): the linear
+branch through fla's ``parallel_based`` (``kernels/fla.py``) when no state is passed (prefill and
+decode keep the chunked form: the kernel has no state), the window branch as "chunked"; ``"auto"``
+is "fast" on CUDA when fla imports, else "chunked" (docs/kernels.md).
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ class BasedConfig(MixerConfig):
     rope_theta: float = Field(10000.0, gt=0)
     eps: float = Field(1e-12, gt=0)
     chunk_size: int = Field(64, gt=0)
-    impl: Literal["ref", "chunked", "auto"] = "auto"
+    impl: Literal["ref", "chunked", "fast", "auto"] = "auto"
 
     @field_validator("head_dim")
     @classmethod
@@ -141,15 +144,18 @@ class Based(Mixer):
         self.o_proj = nn.Linear(inner, d_model, bias=False)
 
     # ---- branches ----------------------------------------------------------------------------
-    def _linear(self, x, state, new_state):
+    def _linear(self, x, state, new_state, impl):
         B, T, _ = x.shape
         H, Fd, V = self.n_heads, self.feature_dim, self.value_dim
         q = self.q_proj(x).view(B, T, H, Fd).transpose(1, 2)
         k = self.k_proj(x).view(B, T, H, Fd).transpose(1, 2)
         v = self.v_proj(x).view(B, T, H, V).transpose(1, 2)
         kv0, z0 = (None, None) if state is None else (state["kv"], state["z"])
-        if self.cfg.impl == "ref":
+        if impl == "ref":
             o, kv, z = taylor_attn_recurrent(q, k, v, kv0, z0, self.cfg.eps)
+        elif impl == "fast" and state is None:
+            from ..kernels.fla import based_linear
+            o = based_linear(q, k, v)
         else:
             v1 = torch.cat([v, torch.ones_like(v[..., :1])], dim=-1)  # last column -> normaliser
             S0 = None if state is None else torch.cat([kv0, z0[..., None]], dim=-1)
@@ -180,8 +186,12 @@ class Based(Mixer):
     def forward(self, x: torch.Tensor, state: State | None = None):
         new_state: dict = {}
         parts = []
+        impl = self.cfg.impl
+        if impl == "fast" or (impl == "auto" and x.is_cuda):
+            from ..kernels.fla import resolve_impl  # imports fla (Triton) only for a CUDA input
+            impl = resolve_impl(self.cfg.name, impl, x)
         if self.use_linear:
-            parts.append(self._linear(x, state, new_state))
+            parts.append(self._linear(x, state, new_state, impl))
         if self.use_window:
             parts.append(self._window(x, state, new_state))
         y = self.o_proj(torch.cat(parts, dim=-1) if len(parts) > 1 else parts[0])

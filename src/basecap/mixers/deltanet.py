@@ -9,7 +9,9 @@ q and k L2-normalised, beta_t = sigmoid(w_beta . x_t), then
 
 followed by a per-head RMSNorm and the output projection. ``short_conv=False`` replaces the
 convolutions by a plain SiLU (ablation). ``impl="ref"`` runs the step-by-step recurrence,
-``"chunked"``/``"auto"`` the chunked UT-transform form from ``ops/delta_rule.py``.
+``"chunked"`` the chunked UT-transform form from ``ops/delta_rule.py``, ``"fast"`` (CUDA only) fla's
+``chunk_delta_rule`` through ``kernels/fla.py``; ``"auto"`` is "fast" on CUDA when fla imports, else
+"chunked" (docs/kernels.md).
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ class DeltaNetConfig(MixerConfig):
     conv_size: int = Field(4, ge=1)
     chunk_size: int = Field(64, gt=0)
     norm_eps: float = Field(1e-5, gt=0)
-    impl: Literal["ref", "chunked", "auto"] = "auto"
+    impl: Literal["ref", "chunked", "fast", "auto"] = "auto"
 
 
 class DeltaNet(Mixer):
@@ -69,8 +71,15 @@ class DeltaNet(Mixer):
         q, k = l2_normalize(q), l2_normalize(k)
         beta = torch.sigmoid(self.b_proj(x)).transpose(1, 2)  # [B, H, T]
         S0 = None if state is None else state["S"]
-        if self.cfg.impl == "ref":
+        impl = self.cfg.impl
+        if impl == "fast" or (impl == "auto" and x.is_cuda):
+            from ..kernels.fla import resolve_impl  # imports fla (Triton) only for a CUDA input
+            impl = resolve_impl(self.cfg.name, impl, x)
+        if impl == "ref":
             o, S = delta_rule_recurrent(q, k, v, beta, state=S0)
+        elif impl == "fast":
+            from ..kernels.fla import delta_rule
+            o, S = delta_rule(q, k, v, beta, state=S0)
         else:
             o, S = delta_rule_chunked(q, k, v, beta, state=S0, chunk_size=self.cfg.chunk_size)
         o = self.o_norm(o.transpose(1, 2).to(x.dtype)).reshape(B, T, H * D)

@@ -11,6 +11,10 @@ and the output goes through a gated RMSNorm, RMSNorm(o_t) * silu(W_g x_t), and t
 projection. Defaults follow the paper: 6 heads with n_heads * head_dim = 0.75 d_model (head_dim 256
 at d_model 2048), value dim expand_v = 2 times the key dim, short conv size 4, A ~ U(1, 16),
 dt ~ logU(1e-3, 0.1).
+
+``impl="ref"`` runs the step-by-step recurrence, ``"chunked"`` the chunked form of
+``ops/delta_rule.py``, ``"fast"`` (CUDA only) fla's ``chunk_gated_delta_rule`` through
+``kernels/fla.py``; ``"auto"`` is "fast" on CUDA when fla imports, else "chunked" (docs/kernels.md).
 """
 
 from __future__ import annotations
@@ -40,7 +44,7 @@ class GatedDeltaNetConfig(MixerConfig):
     dt_min: float = Field(1e-3, gt=0)
     dt_max: float = Field(0.1, gt=0)
     A_init_range: tuple[float, float] = (1.0, 16.0)
-    impl: Literal["ref", "chunked", "auto"] = "auto"
+    impl: Literal["ref", "chunked", "fast", "auto"] = "auto"
 
     @model_validator(mode="after")
     def _check(self):
@@ -99,8 +103,15 @@ class GatedDeltaNet(Mixer):
         beta = torch.sigmoid(self.b_proj(x)).transpose(1, 2)  # [B, H, T]
         g = self.log_decay(x)
         S0 = None if state is None else state["S"]
-        if self.cfg.impl == "ref":
+        impl = self.cfg.impl
+        if impl == "fast" or (impl == "auto" and x.is_cuda):
+            from ..kernels.fla import resolve_impl  # imports fla (Triton) only for a CUDA input
+            impl = resolve_impl(self.cfg.name, impl, x)
+        if impl == "ref":
             o, S = delta_rule_recurrent(q, k, v, beta, g, state=S0)
+        elif impl == "fast":
+            from ..kernels.fla import delta_rule
+            o, S = delta_rule(q, k, v, beta, g, state=S0)
         else:
             o, S = delta_rule_chunked(q, k, v, beta, g, state=S0, chunk_size=self.cfg.chunk_size)
         gate = self.g_proj(x).view(B, T, H, V)

@@ -13,9 +13,11 @@ Ablation switches (PAPER.md section 4):
 - ``short_conv``: with ``false`` the conv is dropped and only its SiLU is kept.
 - ``out_norm``: with ``false`` the gated RMSNorm becomes a plain y * SiLU(z).
 
-``impl="ref"`` runs the plain step-by-step recurrence; ``"chunked"``/``"auto"`` the chunked SSD
-algorithm of ``basecap.ops.ssm.ssd_chunked``. The backbone pairs Mamba-2 with no MLP
-(``default_mlp``). Equations: docs/mixers/mamba.md.
+``impl="ref"`` runs the plain step-by-step recurrence; ``"chunked"`` the chunked SSD
+algorithm of ``basecap.ops.ssm.ssd_chunked``; ``"fast"`` (CUDA only) fla's ``chunk_simple_gla``
+through ``kernels/fla.py``; ``"auto"`` is "fast" on CUDA when fla imports, else "chunked"
+(docs/kernels.md). The backbone pairs Mamba-2 with no MLP (``default_mlp``). Equations:
+docs/mixers/mamba.md.
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ class Mamba2Config(MixerConfig):
     out_norm: bool = True
     norm_eps: float = Field(1e-5, gt=0)
     chunk_size: int = Field(64, gt=0)
-    impl: Literal["ref", "chunked", "auto"] = "auto"
+    impl: Literal["ref", "chunked", "fast", "auto"] = "auto"
 
     @model_validator(mode="after")
     def _check(self):
@@ -113,8 +115,15 @@ class Mamba2(Mixer):
             log_a = dt.new_zeros(Bsz, T, H)
         X = xs * dt[..., None]  # [B,T,H,P]
         h0 = None if state is None else state["ssm"]
-        if cfg.impl == "ref":
+        impl = cfg.impl
+        if impl == "fast" or (impl == "auto" and x.is_cuda):
+            from ..kernels.fla import resolve_impl  # imports fla (Triton) only for a CUDA input
+            impl = resolve_impl(cfg.name, impl, x)
+        if impl == "ref":
             y, h = ssd_ref(X, log_a, Bm, Cm, h0)
+        elif impl == "fast":
+            from ..kernels.fla import ssd
+            y, h = ssd(X, log_a, Bm, Cm, h0)
         else:
             y, h = ssd_chunked(X, log_a, Bm, Cm, h0, chunk_size=cfg.chunk_size)
         y = (y + xs * self.D[:, None]).reshape(Bsz, T, E)

@@ -11,7 +11,8 @@ one small LoRA producing five mixes) and the decay is per token,
 
 Defaults follow the paper: head size 64, mix LoRA rank 32, decay LoRA rank 64, depth-ramped
 inits (assuming ``init_n_layers`` layers), GroupNorm eps ``1e-5 * 8**2``. impl "ref" is the
-step-by-step recurrence, "chunked" (= "auto") the chunked form in ``basecap.ops.wkv``.
+step-by-step recurrence, "chunked" the chunked form in ``basecap.ops.wkv``, "fast" (CUDA only) fla's
+``chunk_rwkv6`` through ``kernels/fla.py``; "auto" is "fast" on CUDA when fla imports, else "chunked".
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ class RWKV6Config(MixerConfig):
     decay_lora_rank: int = Field(64, gt=0, description="rank of the data-dependent decay LoRA")
     head_size_divisor: float = Field(8.0, gt=0, description="GroupNorm eps = 1e-5 * divisor**2 (RWKV's ln_x)")
     init_n_layers: int = Field(12, gt=0, description="depth the init ramps assume (mixers are not told n_layers)")
-    impl: Literal["ref", "chunked", "auto"] = "auto"
+    impl: Literal["ref", "chunked", "fast", "auto"] = "auto"
     chunk_size: int = Field(16, gt=0)
 
     def default_mlp(self) -> str:
@@ -98,8 +99,15 @@ class RWKV6(Mixer):
         g = F.silu(self.g_proj(xg))
         log_w = -(self.time_decay + torch.tanh(xw @ self.decay_lora_a) @ self.decay_lora_b).exp().view(B, T, H, K)
         S0 = None if state is None else state["wkv"]
-        if self.cfg.impl == "ref":
+        impl = self.cfg.impl
+        if impl == "fast" or (impl == "auto" and x.is_cuda):
+            from ..kernels.fla import resolve_impl  # imports fla (Triton) only for a CUDA input
+            impl = resolve_impl(self.cfg.name, impl, x)
+        if impl == "ref":
             y, S = wkv6_recurrent(r, k, v, log_w, self.bonus, S0)
+        elif impl == "fast":
+            from ..kernels.fla import wkv6
+            y, S = wkv6(r, k, v, log_w, self.bonus, S0)
         else:
             y, S = wkv6_chunked(r, k, v, log_w, self.bonus, S0, chunk_size=self.cfg.chunk_size)
         y = self.ln_x(y.reshape(B * T, D).to(x.dtype)).view(B, T, D)

@@ -14,7 +14,9 @@ row vectors):
 with static token-shift mixes for r, w, k, v, a, g. Defaults follow the paper's code: head size
 64, LoRA ranks from d_model, depth-ramped inits (assuming ``init_n_layers`` layers). The value
 residual across layers (v_first) is omitted: the backbone passes only x between layers.
-impl "ref" is the step-by-step recurrence, "chunked" (= "auto") the chunked form in ``basecap.ops.wkv``.
+impl "ref" is the step-by-step recurrence, "chunked" the chunked form in ``basecap.ops.wkv``,
+"fast" (CUDA only) fla's ``chunk_rwkv7`` through ``kernels/fla.py``; "auto" is "fast" on CUDA when
+fla imports, else "chunked".
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ class RWKV7Config(MixerConfig):
     a_lora_rank: int | None = Field(None, gt=0, description="default max(32, 2.5 sqrt(d_model) rounded to 32)")
     gate_lora_rank: int | None = Field(None, gt=0, description="default max(32, 5 sqrt(d_model) rounded to 32)")
     init_n_layers: int = Field(12, gt=0, description="depth the init ramps assume (mixers are not told n_layers)")
-    impl: Literal["ref", "chunked", "auto"] = "auto"
+    impl: Literal["ref", "chunked", "fast", "auto"] = "auto"
     chunk_size: int = Field(32, gt=0, le=128, description="<= 128 keeps every intra-chunk factor below e^39")
 
     def default_mlp(self) -> str:
@@ -111,8 +113,15 @@ class RWKV7(Mixer):
         k = k * (1 + (a - 1) * self.k_a)  # replacement key
         r, k, v, a, log_w = (t.view(B, T, H, K) for t in (r, k, v, a, log_w))
         S0 = None if state is None else state["wkv"]
-        if self.cfg.impl == "ref":
+        impl = self.cfg.impl
+        if impl == "fast" or (impl == "auto" and x.is_cuda):
+            from ..kernels.fla import resolve_impl  # imports fla (Triton) only for a CUDA input
+            impl = resolve_impl(self.cfg.name, impl, x)
+        if impl == "ref":
             y, S = wkv7_recurrent(r, log_w, k, v, -kk, kk * a, S0)
+        elif impl == "fast":
+            from ..kernels.fla import wkv7
+            y, S = wkv7(r, log_w, k, v, -kk, kk * a, S0)
         else:
             y, S = wkv7_chunked(r, log_w, k, v, -kk, kk * a, S0, chunk_size=self.cfg.chunk_size)
         y = self.ln_x(y.reshape(B * T, D).to(x.dtype)).view(B, T, H, K)

@@ -1,0 +1,245 @@
+"""CUDA fast path (``impl="fast"``) of the linear-recurrent mixers through flash-linear-attention
+(Yang, Zhang et al., "FLA: A Triton-Based Library for Hardware-Efficient Implementations of Linear
+Attention Mechanism", github.com/fla-org/flash-linear-attention), version 0.6.0.
+
+Thin adapters, never vendored code: each function takes the tensors of one of our ops in our layout
+and conventions, calls one fla op, and maps the results back, so it is a drop-in for that op:
+
+    Mamba-2        ops.ssm.ssd_chunked              fla.ops.simple_gla.chunk_simple_gla
+    DeltaNet       ops.delta_rule.delta_rule_chunked fla.ops.delta_rule.chunk_delta_rule
+    Gated DeltaNet ops.delta_rule.delta_rule_chunked fla.ops.gated_delta_rule.chunk_gated_delta_rule
+    RWKV-6         ops.wkv.wkv6_chunked              fla.ops.rwkv6.chunk_rwkv6
+    RWKV-7         ops.wkv.wkv7_chunked              fla.ops.rwkv7.chunk_rwkv7 (the DPLR delta rule)
+    Based (linear) ops.linear_attn (+ normaliser)    fla.ops.based.parallel_based
+
+The ``*_inputs`` functions hold the whole convention mapping (layout, scale, decay sign, state layout,
+dtypes) as plain PyTorch, so CPU tests check them against fla's own pure-PyTorch references. The
+mapping table and what is untested are in docs/kernels.md.
+
+This module imports neither fla nor Triton at import time: each adapter imports its op when called,
+and :func:`resolve_impl` (the one place that decides whether the fast path runs) imports fla only for
+a CUDA input.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+
+import torch
+
+from ..config_base import ConfigError
+
+log = logging.getLogger(__name__)
+Tensor = torch.Tensor
+
+FLA_VERSION = "0.6.0"  # the version these mappings were written against
+_logged: set[str] = set()
+
+
+def _log_once(msg: str, level: int = logging.INFO) -> None:
+    if msg not in _logged:
+        _logged.add(msg)
+        log.log(level, msg)
+
+
+@functools.cache
+def fla_import_error() -> str | None:
+    """``None`` if fla's Triton kernels import, else why not. Checked once per process."""
+    try:
+        import fla
+        import fla.ops  # noqa: F401  (imports Triton and every kernel module)
+    except ImportError as e:
+        return f"{type(e).__name__}: {e}"
+    version = getattr(fla, "__version__", "unknown")
+    if version != FLA_VERSION:
+        _log_once(f"flash-linear-attention {version} found; basecap's adapters were written and checked against "
+                  f"{FLA_VERSION}", logging.WARNING)
+    return None
+
+
+def resolve_impl(name: str, impl: str, x: Tensor) -> str:
+    """``"fast"`` or ``"chunked"`` for a mixer whose config says ``impl`` ("fast" or "auto").
+
+    "auto" means fast when ``x`` is on CUDA and fla imports, else the chunked PyTorch form; the
+    decision depends on the device and the installation only (never on the sequence length) and is
+    logged once per process. "fast" where it cannot run is a configuration error."""
+    if impl not in ("fast", "auto"):
+        return impl
+    if not x.is_cuda:
+        if impl == "fast":
+            raise ConfigError(f"{name}.impl: impl='fast' needs CUDA and flash-linear-attention; use 'chunked' on CPU "
+                              f"(got an input on {x.device})")
+        return "chunked"
+    err = fla_import_error()
+    if err is None:
+        _log_once(f"impl={impl!r} on CUDA: linear-recurrent mixers run flash-linear-attention kernels ('fast')")
+        return "fast"
+    if impl == "fast":
+        raise ConfigError(f"{name}.impl: impl='fast' needs CUDA and flash-linear-attention "
+                          f"(pip install 'basecap[fast]'); fla does not import: {err}")
+    _log_once(f"impl='auto' on CUDA: flash-linear-attention does not import ({err}); using the chunked PyTorch forms",
+              logging.WARNING)
+    return "chunked"
+
+
+def compute_dtype(x: Tensor, fp32_ok: bool = True) -> torch.dtype:
+    """The dtype q/k/v enter a kernel in: the autocast dtype inside autocast, else the activations' own;
+    fp32 becomes bf16 for kernels that reject fp32 (``fp32_ok=False``)."""
+    if torch.is_autocast_enabled(x.device.type):
+        dtype = torch.get_autocast_dtype(x.device.type)
+    else:
+        dtype = x.dtype
+    if dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        dtype = torch.float32
+    if dtype == torch.float32 and not fp32_ok:
+        dtype = torch.bfloat16
+    return dtype
+
+
+def _btd(x: Tensor, dtype: torch.dtype) -> Tensor:
+    """``[B, H, T, *] -> [B, T, H, *]``, contiguous, in ``dtype``."""
+    return x.transpose(1, 2).to(dtype).contiguous()
+
+
+def _state(S: Tensor | None) -> Tensor | None:
+    return None if S is None else S.float().contiguous()
+
+
+# ---- Mamba-2 (SSD, one group) -> simple GLA ------------------------------------------------------------
+
+def ssd_inputs(X: Tensor, log_a: Tensor, Bm: Tensor, Cm: Tensor, h0: Tensor | None = None) -> dict:
+    """``chunk_simple_gla`` arguments for ``ssd_chunked(X [B,T,H,P], log_a [B,T,H], Bm, Cm [B,T,N], h0 [B,H,P,N])``.
+
+    SSD is simple GLA with q = C, k = B (shared by the heads), v = dt * x, g = log a (head-wise
+    log decay, <= 0) and scale 1. Our state is ``[H, P, N]`` (value x key); fla's is ``[H, K, V]``."""
+    B, T, H, _ = X.shape
+    N = Bm.shape[-1]
+    dtype = compute_dtype(X)
+    return dict(q=Cm[:, :, None].expand(B, T, H, N).to(dtype).contiguous(),
+                k=Bm[:, :, None].expand(B, T, H, N).to(dtype).contiguous(),
+                v=X.to(dtype).contiguous(), g=log_a.float().contiguous(), scale=1.0,
+                initial_state=None if h0 is None else h0.float().transpose(-1, -2).contiguous(),
+                output_final_state=h0 is not None)
+
+
+def ssd(X: Tensor, log_a: Tensor, Bm: Tensor, Cm: Tensor, h0: Tensor | None = None, *,
+        op=None) -> tuple[Tensor, Tensor | None]:
+    """Drop-in for ``ops.ssm.ssd_chunked``; the final state is returned only when ``h0`` is given.
+    ``op``: the function called with fla's arguments (default fla's kernel; tests pass fla's reference)."""
+    if op is None:
+        from fla.ops.simple_gla import chunk_simple_gla as op
+    y, h = op(**ssd_inputs(X, log_a, Bm, Cm, h0))
+    return y.to(X.dtype), (None if h is None else h.transpose(-1, -2).to(h0.dtype))
+
+
+# ---- DeltaNet / Gated DeltaNet ----------------------------------------------------------------------
+
+def delta_rule_inputs(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor | None = None,
+                      state: Tensor | None = None) -> dict:
+    """``chunk_delta_rule`` (``g is None``) or ``chunk_gated_delta_rule`` arguments for
+    ``delta_rule_chunked(q, k [B,H,T,K], v [B,H,T,V], beta, g [B,H,T], state [B,H,K,V])``.
+
+    Same recurrence, same state layout and the same default scale K^-1/2; fla wants time-major
+    ``[B, T, H, *]``. q and k arrive L2-normalised, so the kernel's own L2 norm stays off. Both kernels
+    run in 16-bit: fla's delta rule rejects fp32, and fla's layers only ever feed the gated one 16-bit
+    q/k/v (the log decay g stays fp32, as in fla's GatedDeltaNet layer)."""
+    dtype = compute_dtype(q, fp32_ok=False)
+    kw = dict(q=_btd(q, dtype), k=_btd(k, dtype), v=_btd(v, dtype), beta=beta.transpose(1, 2).to(dtype).contiguous(),
+              initial_state=_state(state), output_final_state=state is not None, use_qk_l2norm_in_kernel=False)
+    if g is not None:
+        kw["g"] = g.transpose(1, 2).float().contiguous()
+    return kw
+
+
+def delta_rule(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor | None = None,
+               state: Tensor | None = None, *, op=None) -> tuple[Tensor, Tensor | None]:
+    """Drop-in for ``ops.delta_rule.delta_rule_chunked`` (default scale); returns ``o [B,H,T,V]`` and
+    the final state (only when ``state`` is given). ``op`` as in :func:`ssd`."""
+    if op is None and g is None:
+        from fla.ops.delta_rule import chunk_delta_rule as op
+    elif op is None:
+        from fla.ops.gated_delta_rule import chunk_gated_delta_rule as op
+    o, S = op(**delta_rule_inputs(q, k, v, beta, g, state))
+    return o.transpose(1, 2).to(v.dtype), S
+
+
+# ---- RWKV-6 ---------------------------------------------------------------------------------------
+
+def wkv6_inputs(r: Tensor, k: Tensor, v: Tensor, log_w: Tensor, u: Tensor, state: Tensor | None = None) -> dict:
+    """``chunk_rwkv6`` arguments for ``wkv6_chunked(r, k, v, log_w [B,T,H,K], u [H,K], state [B,H,K,V])``.
+
+    Layouts and state already agree; fla's ``w`` is the log decay (our ``log_w``, <= 0), the bonus u
+    is passed as is (fla's RWKV6 layer passes the fp32 parameter), and the scale must be 1 (fla's
+    default is K^-1/2)."""
+    dtype = compute_dtype(r)
+    return dict(r=r.to(dtype).contiguous(), k=k.to(dtype).contiguous(), v=v.to(dtype).contiguous(),
+                w=log_w.float().contiguous(), u=u, scale=1.0, initial_state=_state(state),
+                output_final_state=state is not None)
+
+
+def wkv6(r: Tensor, k: Tensor, v: Tensor, log_w: Tensor, u: Tensor, state: Tensor | None = None, *,
+         op=None) -> tuple[Tensor, Tensor | None]:
+    """Drop-in for ``ops.wkv.wkv6_chunked``: ``y [B,T,H,V]`` and the final state (when ``state`` is
+    given). ``op`` as in :func:`ssd`."""
+    if op is None:
+        from fla.ops.rwkv6 import chunk_rwkv6 as op
+    y, S = op(**wkv6_inputs(r, k, v, log_w, u, state))
+    return y.to(v.dtype), S
+
+
+# ---- RWKV-7 ---------------------------------------------------------------------------------------
+
+RWKV7_LOG_W_MIN = -math.exp(-0.5)  # RWKV-7's log decay lies in [-e^-1/2, 0)
+
+
+def wkv7_inputs(r: Tensor, log_w: Tensor, k: Tensor, v: Tensor, a: Tensor, b: Tensor,
+                state: Tensor | None = None) -> dict:
+    """``chunk_rwkv7`` arguments for ``wkv7_chunked(r, log_w, k, v, a, b [B,T,H,K], state [B,H,K,V])``.
+
+    The same generalised delta rule S_t = diag(w_t) S + b_t (a_t^T S) + k_t v_t^T, y_t = r_t^T S_t,
+    with the same layouts, scale 1 and fla's ``w`` = our log decay. As in fla's RWKV7 layer: 16-bit
+    inputs (the DPLR op warns on fp32), chunk size 64 and the decay bound ``lower_bound = -e^-1/2``
+    that licenses its tensor-core path."""
+    dtype = compute_dtype(r, fp32_ok=False)
+    return dict(r=r.to(dtype).contiguous(), w=log_w.float().contiguous(), k=k.to(dtype).contiguous(),
+                v=v.to(dtype).contiguous(), a=a.to(dtype).contiguous(), b=b.to(dtype).contiguous(), scale=1.0,
+                initial_state=_state(state), output_final_state=state is not None, safe_gate=True,
+                lower_bound=RWKV7_LOG_W_MIN, chunk_size=64)
+
+
+def wkv7(r: Tensor, log_w: Tensor, k: Tensor, v: Tensor, a: Tensor, b: Tensor, state: Tensor | None = None, *,
+         op=None) -> tuple[Tensor, Tensor | None]:
+    """Drop-in for ``ops.wkv.wkv7_chunked``: ``y [B,T,H,V]`` and the final state (when ``state`` is
+    given). ``op`` as in :func:`ssd`."""
+    if op is None:
+        from fla.ops.rwkv7 import chunk_rwkv7 as op
+    y, S = op(**wkv7_inputs(r, log_w, k, v, a, b, state))
+    return y.to(v.dtype), S
+
+
+# ---- Based (Taylor linear attention) --------------------------------------------------------------
+
+BASED_MAX_FEATURE_DIM = 128  # parallel_based's limit
+
+
+def based_inputs(q: Tensor, k: Tensor, v: Tensor) -> dict:
+    """``parallel_based`` arguments for Based's linear branch, ``q, k [B,H,T,d]``, ``v [B,H,T,V]``.
+
+    fla's kernel computes the same normalised 1 + s + s^2/2 attention with s = q.k / sqrt(d), time-major,
+    without a state (training only) and with its own normaliser epsilon 1e-6 (ours: ``BasedConfig.eps``;
+    the normaliser is >= 1/2 per key, so the difference is below 1e-6 relative)."""
+    d = q.shape[-1]
+    if d > BASED_MAX_FEATURE_DIM:
+        raise ConfigError(f"based.feature_dim: impl='fast' (fla parallel_based) supports feature_dim <= "
+                          f"{BASED_MAX_FEATURE_DIM}, got {d}; use impl='chunked'")
+    dtype = compute_dtype(q)
+    return dict(q=_btd(q, dtype), k=_btd(k, dtype), v=_btd(v, dtype), scale=d**-0.5, use_norm=True)
+
+
+def based_linear(q: Tensor, k: Tensor, v: Tensor, *, op=None) -> Tensor:
+    """Normalised Taylor linear attention, ``o [B,H,T,V]``; no state in or out. ``op`` as in :func:`ssd`."""
+    if op is None:
+        from fla.ops.based import parallel_based as op
+    return op(**based_inputs(q, k, v)).transpose(1, 2).to(v.dtype)
