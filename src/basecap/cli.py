@@ -73,6 +73,22 @@ def _cmd_train(args):
 def _cmd_eval(args):
     from .eval.final import evaluate_run
 
+    if args.suite != "loss":
+        from .config import parse_override
+        from .eval.suites import run_suite
+
+        opts = {}
+        for item in args.opt:
+            path, value = parse_override(item)
+            opts[".".join(path)] = value
+        if args.tasks:
+            opts["tasks"] = args.tasks.split(",")
+        res = run_suite(args.run_dir, args.suite, out_dir=args.out, **opts)
+        print(json.dumps({k: v for k, v in res.items() if not isinstance(v, (list, dict)) or k in ("acc", "summary", "acc_by_d_model")},
+                         indent=1, default=str))
+        print(f"written: {Path(args.out or args.run_dir) / ('eval_' + args.suite + '.json')}")
+        return
+
     res = evaluate_run(args.run_dir, split=args.split, max_tokens=args.max_tokens)
     print(f"{res['run_id']} ({res['checkpoint']}, {res['split']} split)")
     print(f"{'domain':<14}{'loss':>9}{'bpb':>9}{'tokens':>10}")
@@ -157,6 +173,12 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("run_dir")
     e.add_argument("--split", choices=["validation", "test"], default="test")
     e.add_argument("--max-tokens", type=int, default=None, help="tokens per domain (default: the run's eval.max_tokens)")
+    e.add_argument("--suite", default="loss", choices=["loss", "lm-eval", "mqar", "passkey", "niah", "recall", "extrapolation"],
+                   help="loss (default): loss and bits per byte per domain; otherwise one evaluation suite (docs/evaluation.md)")
+    e.add_argument("--tasks", default=None, help="lm-eval: comma-separated task names")
+    e.add_argument("--opt", action="append", default=[], metavar="KEY=VALUE",
+                   help="a suite option, e.g. --opt num_fewshot=5 --opt lengths=[1024,2048] (repeatable)")
+    e.add_argument("--out", default=None, help="suite output folder (default: RUN_DIR)")
     e.set_defaults(fn=_cmd_eval)
 
     r = sub.add_parser("report", help="tables and plots from run directories (report.md, report.html, PNGs)",
