@@ -1,7 +1,8 @@
 """``basecap bench data``: tokenisation speed and training-batch loader speed.
 
 Tokenisation: MB of UTF-8 text per second through the build's unit pipeline (worker processes,
-committed units; pool start-up included), with 1 worker and with N. The text is a sample decoded
+committed units; pool start-up included), with 1 worker and with N, and MB per CPU second (which
+shows per-core efficiency when the machine is shared). The text is a sample decoded
 from a built corpus (``--corpus``, or the default corpus when it is already built), else real text
 found on any machine (the Python standard library's sources and reference topics) with a BPE
 trained on it.
@@ -77,8 +78,18 @@ def _first_bytes(texts: list[str], n: int) -> list[str]:
     return out
 
 
-def bench_tokenize(texts: list[str], tokenizer_path: Path, workers: int, unit_bytes: int, reps: int) -> float:
-    """Median MB/s of text through ``run_units`` (fresh output folder each time)."""
+def _cpu_s() -> float:
+    """CPU seconds of this process and its finished children (workers), where the OS reports them."""
+    try:
+        import resource
+    except ImportError:
+        return float("nan")
+    return sum(resource.getrusage(who).ru_utime + resource.getrusage(who).ru_stime
+               for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
+
+
+def bench_tokenize(texts: list[str], tokenizer_path: Path, workers: int, unit_bytes: int, reps: int) -> dict:
+    """MB/s of text through ``run_units`` (median wall time; fresh output folder each time), and MB per CPU second."""
     from ..data.tokenize import plan_units, run_units
     from ..data.tokenizer import EOT, load_tokenizer
 
@@ -87,7 +98,7 @@ def bench_tokenize(texts: list[str], tokenizer_path: Path, workers: int, unit_by
     digests = [i.to_bytes(8, "big") for i in range(len(texts))]
     units = plan_units("bench", digests, nbytes, range(len(texts)), "bench", unit_bytes)
     dtype = np.uint16 if tok.get_vocab_size() <= 65535 else np.uint32
-    times = []
+    times, cpu = [], _cpu_s()
     for _ in range(reps):
         folder = Path(tempfile.mkdtemp(prefix="basecap-bench-tok-"))
         try:
@@ -97,7 +108,8 @@ def bench_tokenize(texts: list[str], tokenizer_path: Path, workers: int, unit_by
             times.append(time.perf_counter() - t)
         finally:
             shutil.rmtree(folder, ignore_errors=True)
-    return sum(nbytes) / 1e6 / statistics.median(times)
+    mb = sum(nbytes) / 1e6
+    return {"workers": workers, "mb_per_s": mb / statistics.median(times), "mb_per_cpu_s": mb * reps / (_cpu_s() - cpu)}
 
 
 def _synthetic_corpus(folder: Path, n_tokens: int, vocab: int):
@@ -188,9 +200,10 @@ def main(argv: list[str] | None = None):
         print(f"tokenisation: {mb:.1f} MB of text from {text_source}, units of {args.unit_bytes / 1e6:g} MB", flush=True)
         tok_rows = []
         for n in dict.fromkeys([1, workers]):
-            rate = bench_tokenize(texts, Path(tok_path), n, args.unit_bytes, args.reps)
-            tok_rows.append({"workers": n, "mb_per_s": rate})
-            print(f"  {n:>3} worker{'s' if n > 1 else ' '}  {rate:8.2f} MB/s", flush=True)
+            row = bench_tokenize(texts, Path(tok_path), n, args.unit_bytes, args.reps)
+            tok_rows.append(row)
+            print(f"  {n:>3} worker{'s' if n > 1 else ' '}  {row['mb_per_s']:8.2f} MB/s  "
+                  f"({row['mb_per_cpu_s']:.2f} MB per CPU second)", flush=True)
 
         loader_corpus = corpus or _synthetic_corpus(tmp / "corpus", 32_000_000, 32768)
         if args.step_time is not None:
