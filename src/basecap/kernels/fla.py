@@ -50,11 +50,11 @@ def fla_import_error() -> str | None:
     try:
         import fla
         import fla.ops  # noqa: F401  (imports Triton and every kernel module)
-    except ImportError as e:
+    except (ImportError, RuntimeError) as e:  # not installed; Triton without a usable driver raises RuntimeError
         return f"{type(e).__name__}: {e}"
     version = getattr(fla, "__version__", "unknown")
     if version != FLA_VERSION:
-        _log_once(f"flash-linear-attention {version} found; basecap's adapters were written and checked against "
+        _log_once(f"flash-linear-attention {version} found; basecap's adapters were written against "
                   f"{FLA_VERSION}", logging.WARNING)
     return None
 
@@ -143,8 +143,8 @@ def delta_rule_inputs(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor |
 
     Same recurrence, same state layout and the same default scale K^-1/2; fla wants time-major
     ``[B, T, H, *]``. q and k arrive L2-normalised, so the kernel's own L2 norm stays off. Both kernels
-    run in 16-bit: fla's delta rule rejects fp32, and fla's layers only ever feed the gated one 16-bit
-    q/k/v (the log decay g stays fp32, as in fla's GatedDeltaNet layer)."""
+    run in 16-bit: fla's delta rule rejects fp32, and fla documents the gated one with bf16 q/k/v
+    (the log decay g stays fp32, as in fla's GatedDeltaNet layer)."""
     dtype = compute_dtype(q, fp32_ok=False)
     kw = dict(q=_btd(q, dtype), k=_btd(k, dtype), v=_btd(v, dtype), beta=beta.transpose(1, 2).to(dtype).contiguous(),
               initial_state=_state(state), output_final_state=state is not None, use_qk_l2norm_in_kernel=False)
@@ -200,13 +200,13 @@ def wkv7_inputs(r: Tensor, log_w: Tensor, k: Tensor, v: Tensor, a: Tensor, b: Te
 
     The same generalised delta rule S_t = diag(w_t) S + b_t (a_t^T S) + k_t v_t^T, y_t = r_t^T S_t,
     with the same layouts, scale 1 and fla's ``w`` = our log decay. As in fla's RWKV7 layer: 16-bit
-    inputs (the DPLR op warns on fp32), chunk size 64 and the decay bound ``lower_bound = -e^-1/2``
-    that licenses its tensor-core path."""
+    inputs (the DPLR op warns on fp32) and the decay bound ``lower_bound = -e^-1/2`` that licenses its
+    tensor-core path; fla then picks chunk size 64 (16 on Triton < 3.4)."""
     dtype = compute_dtype(r, fp32_ok=False)
     return dict(r=r.to(dtype).contiguous(), w=log_w.float().contiguous(), k=k.to(dtype).contiguous(),
                 v=v.to(dtype).contiguous(), a=a.to(dtype).contiguous(), b=b.to(dtype).contiguous(), scale=1.0,
                 initial_state=_state(state), output_final_state=state is not None, safe_gate=True,
-                lower_bound=RWKV7_LOG_W_MIN, chunk_size=64)
+                lower_bound=RWKV7_LOG_W_MIN)
 
 
 def wkv7(r: Tensor, log_w: Tensor, k: Tensor, v: Tensor, a: Tensor, b: Tensor, state: Tensor | None = None, *,
