@@ -12,6 +12,6 @@ python -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2
 python -m pip install -q --no-deps -e . && python -m pip install -q numpy pydantic tokenizers safetensors tqdm matplotlib zstandard platformdirs pytest "flash-linear-attention==0.6.0"
 python -c "import torch; assert torch.cuda.is_available(), 'no CUDA device'; print('device:', torch.cuda.get_device_name())"
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1
-timeout 240 python -m pytest tests -m gpu -q -p no:cacheprovider || echo "GPU tests FAILED (see above)"
-timeout 200 python -m basecap bench throughput --preset 110m --lengths 2048 8192 32768 --reps 2 \
+timeout 300 python -m pytest tests -m gpu -q -p no:cacheprovider || echo "GPU tests FAILED (see above)"
+timeout 150 python -m basecap bench throughput --preset 110m --lengths 2048 8192 32768 --reps 1 \
   --mixers attention mamba2 gated_deltanet top1_chunk
