@@ -74,3 +74,29 @@ def test_config_errors_exit_2_with_the_key(tiny_recipe_path, tmp_path, capsys):
     assert main(["run", str(exp), "--set", "data.train_weights={poetry=1.0}"]) == 2
     assert "unknown domain(s) ['poetry']" in capsys.readouterr().err
     assert main(["eval", str(tmp_path / "nothing")]) == 2
+
+
+def test_experiment_suites_and_speed_reach_the_report(tiny_recipe_path, tmp_path, capsys):
+    extra = """
+[[suites]]
+suite = "mqar"
+d_models = [16]
+n_layers = 1
+steps = 10
+batch_size = 8
+num_test = 16
+seed = 0
+[speed]
+lengths = [16]
+contexts = [16]
+reps = 1
+"""
+    exp = write_exp(tmp_path, tiny_recipe_path, extra).read_text().replace("seeds", "seeds")
+    p = tmp_path / "exp2.toml"
+    p.write_text(exp.replace('reference = "tpp"', 'reference = "tpp"\nseeds = [0, 1]'))
+    assert main(["run", str(p)]) == 0
+    text = (tmp_path / "runs" / "report" / "report.md").read_text()
+    assert "## Associative recall: mqar" in text and "## Speed against sequence length" in text
+    runs = tmp_path / "runs"
+    # with a fixed seed the from-scratch MQAR result is computed once per architecture and reused
+    assert (runs / "tpp-s1" / "eval_mqar.json").read_bytes() == (runs / "tpp-s0" / "eval_mqar.json").read_bytes()
