@@ -175,3 +175,23 @@ def test_parquet_source_builds_with_manifest_counts(records, tmp_path):
     assert src["origin"] == "parquet: 1 files" and set(src["unmapped"]) == {
         "RedPajamaArXiv", "RedPajamaBook", "RedPajamaCommonCrawl", "RedPajamaStackExchange", "RedPajamaWikipedia"}
     assert corpus.domains == ["web", "code"]
+
+
+def test_selection_memory_is_bounded_by_the_domain_cap(tmp_path):
+    """An uncapped source feeding a capped domain holds about the cap, not everything it reads."""
+    from basecap.data.build import _collect
+
+    rng = random.Random(1)
+    recs = [{"text": " ".join(rng.choices(WORDS, k=250)), "meta": {"redpajama_set_name": "RedPajamaC4"}} for _ in range(4000)]
+    write_jsonl_zst(tmp_path / "c4.jsonl.zst", recs)  # 5 MB of text
+    raw = {"name": "t", "domains": {"web": {"max_bytes": 200_000}},
+           "sources": [{"kind": "jsonl", "paths": [str(tmp_path / "c4.jsonl.zst")], "domain_field": "meta.redpajama_set_name",
+                        "domain_map": {"RedPajamaC4": "web"}}]}
+    recipe = recipe_from_dict(raw)
+    prep = prepare_source(recipe.sources[0], 0, tmp_path, log=lambda m: None)
+    tracemalloc.start()
+    selected, _ = _collect(recipe, [prep], log=lambda m: None)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert prep.stats["bytes_read"] > 4_500_000 and 200_000 <= sum(n for _, n, _ in selected["web"]) < 202_000
+    assert peak < 2_500_000, peak  # the cap's documents, the digests seen, one decompressed piece

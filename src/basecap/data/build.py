@@ -178,7 +178,11 @@ def _collect(recipe: RecipeConfig, prepared: list[PreparedSource], log) -> tuple
         if prep.status != "ok":
             continue
         t0 = time.perf_counter()
-        per_domain: dict[str, BottomK] = defaultdict(lambda: BottomK(prep.config.max_bytes))
+        # without a source cap, documents go straight to their domain's selection (the same result,
+        # since a selection does not depend on the order it sees documents in), so memory stays
+        # bounded by the domain caps instead of holding everything the source has
+        cap = prep.config.max_bytes
+        per_domain: dict[str, BottomK] = defaultdict(lambda: BottomK(cap)) if cap else domain_sel
         for doc in read_source(prep):
             digest = doc_digest(doc.text)
             if digest in seen:
@@ -187,7 +191,7 @@ def _collect(recipe: RecipeConfig, prepared: list[PreparedSource], log) -> tuple
                 continue
             seen.add(digest)
             per_domain[doc.domain].add(digest, len(doc.text.encode("utf-8")), doc)
-        for domain, sel in per_domain.items():
+        for domain, sel in per_domain.items() if cap else ():
             for digest, n, doc in sel.items():
                 domain_sel[domain].add(digest, n, doc)
         s = prep.stats
