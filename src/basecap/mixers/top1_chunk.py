@@ -22,14 +22,13 @@ Equations and costs: docs/top1.md.
 
 from __future__ import annotations
 
-import math
 from typing import Literal
 
 import torch
 from pydantic import Field
 
-from ..ops.top1 import (NEG_INF, SEL_DTYPE, approx_select, attend_selected, candidate_lse, exact_select,
-                        merge_softmax, st_gate)
+from ..ops.top1 import (NEG_INF, SEL_DTYPE, approx_attention, approx_select, attend_selected, candidate_lse,
+                        exact_select, merge_softmax, st_gate)
 from .base import State
 from .top1_element import SelectionConfig, SelectionMixer
 
@@ -101,6 +100,8 @@ class Top1Chunk(SelectionMixer):
             from ..kernels.top1_cuda import sdpa_tile_attention as kernel
         gate = cfg.selector_grad == "straight_through" and torch.is_grad_enabled()
         B, H, T, _ = q.shape
+        if cfg.selection == "approx" and gate and own == "candidate" and kernel is None and state is None:
+            return approx_attention(q, k, v, q_pos, scale, C, Q)  # the training hot path, fused
         if cfg.selection == "approx":
             offset = int(q_pos[0])
             prev = None if state is None else state["ksum"]

@@ -73,7 +73,7 @@ class SelectionMixer(Mixer):
         if self.cfg.position == "rope":
             cos, sin = rope_tables(torch.arange(offset, offset + T, device=x.device), self.head_dim, self.cfg.rope_theta)
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        return q.contiguous(), k.contiguous(), v.contiguous()
+        return q, k.contiguous(), v.contiguous()  # k, v: [B, H, T, D] blocks for the cache and chunk gathers
 
     def _impl(self, x: torch.Tensor) -> str:
         impl = self.cfg.impl

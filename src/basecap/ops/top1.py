@@ -20,8 +20,8 @@ import torch.nn.functional as F
 Tensor = torch.Tensor
 SEL_DTYPE = torch.float64
 NEG_INF = float("-inf")
-TILE_BATCH_ELEMS = 2**18  # scores per tile batch of the CPU path (~1 MB: stays in cache)
-SELECT_BLOCK = 1024  # queries per block of the Approx selection
+TILE_BATCH_ELEMS = 2**17  # scores per tile batch of the CPU path (512 KB: temporaries stay in cache)
+SELECT_BLOCK = 512  # queries per block of the Approx selection
 
 
 # ---- Top-1 Element -------------------------------------------------------------------------
@@ -83,27 +83,6 @@ def _causal(pos: Tensor, end: int) -> Tensor:
 
 
 # ---- chunk selection -----------------------------------------------------------------------
-def chunk_key_sums(k: Tensor, prev_sums: Tensor | None, offset: int, C: int) -> tuple[Tensor, Tensor]:
-    """Running key sums for Approx selection.
-
-    ``k [B, H, T, D]`` are keys at positions ``offset..offset+T-1``; ``prev_sums [B, H, ceil(offset/C), D]``
-    the per-chunk sums of the earlier keys (last one partial when ``offset % C``). Returns
-    ``prefix [B, H, T, D]`` (sum of the own chunk's keys up to and including t) and the updated
-    per-chunk sums ``[B, H, ceil((offset+T)/C), D]``. Work O(T + ceil((offset+T)/C))."""
-    B, H, T, D = k.shape
-    r, first = offset % C, offset // C
-    n_new = -(-(r + T) // C)
-    x = F.pad(k, (0, 0, r, n_new * C - r - T))
-    if r:  # the chunk in progress starts with the sum of its cached keys
-        x = x + F.pad(prev_sums[:, :, first : first + 1], (0, 0, 0, n_new * C - 1))
-    x = x.view(B, H, n_new, C, D).cumsum(3)
-    prefix = x.view(B, H, n_new * C, D)[:, :, r : r + T]
-    sums = x[:, :, :, -1]
-    if prev_sums is not None and first:
-        sums = torch.cat([prev_sums[:, :, :first], sums], dim=2)
-    return prefix, sums
-
-
 def candidates(q_pos: Tensor, n_chunks: int, C: int, own: str) -> Tensor:
     """[Tq, n_chunks] bool: chunks a query may select. ``own='candidate'``: every chunk up to its own;
     ``'always'``: only the chunks before its own (the own chunk is attended anyway)."""
@@ -137,46 +116,87 @@ def _within_chunk_cumsum(x: Tensor, offset: int, C: int, carry: Tensor | None = 
     return y
 
 
-class _ApproxSelect(torch.autograd.Function):
+def _approx_forward(q, k, prev_sums, q_pos, scale: float, C: int, own: str, R: int):
     """Approx selection in blocks of ``R`` chunks of queries (only O(R C n_chunks) scores at a time).
 
     a_tj = q_t . kbar_tj * scale + log n_tj, kbar_tj the mean of the n_tj keys of chunk j visible to t
     (n = C for the complete chunks j < c(t); the running prefix over t % C + 1 keys for the own chunk
-    j = c(t)). Selection in float64, ties to the lowest index. Returns ``sel`` (-1: no candidate), the
-    straight-through gate P_t,sel / stopgrad(P_t,sel) (value 1; P = softmax of a over the candidates)
-    and the float64 per-chunk key sums (the decode state)."""
+    j = c(t)). Float64, ties to the lowest index. Returns ``sel`` (-1: no candidate), the float64
+    per-chunk key sums and the carried partial sum of the chunk in progress (None at a boundary)."""
+    B, H, Tq, D = q.shape
+    offset = int(q_pos[0])
+    sums = q.new_zeros(B, H, -(-(offset + Tq) // C), D, dtype=SEL_DTYPE)
+    carry = None
+    if prev_sums is not None and prev_sums.shape[2]:
+        sums[:, :, : prev_sums.shape[2]] = prev_sums
+        carry = prev_sums[:, :, offset // C] if offset % C else None
+    sel = torch.empty(B, H, Tq, dtype=torch.long, device=q.device)
+    for s, e in _chunk_aligned_blocks(offset, Tq, C, R):
+        pos = q_pos[s:e]
+        c = torch.div(pos, C, rounding_mode="floor")
+        c0, c1 = (offset + s) // C, (offset + e - 1) // C
+        prefix = _within_chunk_cumsum(k[:, :, s:e], offset + s, C, carry if s == 0 else None, dtype=SEL_DTYPE)
+        last = torch.clamp(torch.arange(c0 + 1, c1 + 2, device=q.device) * C - offset - s, max=e - s) - 1
+        sums[:, :, c0 : c1 + 1] = prefix[:, :, last]  # running chunk totals
+        qb = q[:, :, s:e].to(SEL_DTYPE).mul_(scale)
+        best = qb.new_full((B, H, e - s), NEG_INF)
+        j = torch.zeros(B, H, e - s, dtype=torch.long, device=q.device)
+        if c1 > 0:  # complete chunks j < c(t)
+            a = (qb @ sums[:, :, :c1].transpose(-1, -2)).masked_fill_(torch.arange(c1, device=q.device) >= c[:, None], NEG_INF)
+            best, j = a.max(-1)
+        if own == "candidate":
+            n = (pos % C + 1).to(SEL_DTYPE)
+            a_own = (qb * prefix).sum(-1) / n + n.log()
+            sel[:, :, s:e] = torch.where(a_own > best / C + math.log(C), c, j)
+        else:
+            sel[:, :, s:e] = torch.where(torch.isfinite(best), j, -1)
+    return sel, sums, carry
+
+
+def _approx_backward(q, k, sums, carry, sel, q_pos, g, scale: float, C: int, own: str, R: int, dq, dk):
+    """Adds the gradient of sum_t g_t log P_t,sel (P = softmax of a over the candidates) to dq, dk."""
+    cand_own = own == "candidate"
+    offset = int(q_pos[0])
+    g = torch.where(sel >= 0, g, 0.0)
+    dsums = torch.zeros_like(sums)
+    for s, e in _chunk_aligned_blocks(offset, q.shape[2], C, R):
+        pos = q_pos[s:e]
+        c = torch.div(pos, C, rounding_mode="floor")[:, None]
+        ncols = int(c[-1]) + 1 if cand_own else int(c[-1])
+        if ncols <= 1:
+            continue  # one candidate at most: d log P / d a = 0
+        qb, gb = q[:, :, s:e] * scale, g[:, :, s:e, None]
+        a = (qb @ sums[:, :, :ncols].transpose(-1, -2)) / C + math.log(C)
+        col = torch.arange(ncols, device=q.device)
+        if cand_own:
+            prefix = _within_chunk_cumsum(k[:, :, s:e], offset + s, C, carry if s == 0 else None)
+            n = (pos % C + 1).to(q.dtype)[:, None]
+            a.scatter_(-1, c.expand(*a.shape[:2], -1, 1), (qb * prefix).sum(-1, keepdim=True) / n + n.log())
+        allowed = col <= c if cand_own else col < c
+        a.masked_fill_(~allowed, NEG_INF).masked_fill_(~allowed.any(-1, keepdim=True), 0.0)  # no candidate: g = 0
+        da = torch.softmax(a, dim=-1).mul_(-gb).scatter_add_(-1, sel[:, :, s:e, None].clamp(min=0), gb)  # (onehot - p) g
+        if cand_own:
+            own_col = c.expand(*a.shape[:2], -1, 1)
+            down = da.gather(-1, own_col) / n
+            da.scatter_(-1, own_col, 0.0)
+            dq[:, :, s:e] += down * prefix * scale
+            dk[:, :, s:e] += _within_chunk_cumsum(down * qb, offset + s, C, reverse=True)  # a key feeds later prefixes
+        da /= C
+        dq[:, :, s:e] += (da @ sums[:, :, :ncols]) * scale
+        dsums[:, :, :ncols] += da.transpose(-1, -2) @ qb
+    for s, e in _chunk_aligned_blocks(offset, q.shape[2], C, R):  # each key also feeds its chunk's sum
+        dk[:, :, s:e] += dsums.index_select(2, torch.div(q_pos[s:e], C, rounding_mode="floor"))
+
+
+class _ApproxSelect(torch.autograd.Function):
+    """Approx selection (``_approx_forward``) returning ``sel``, the straight-through gate
+    P_t,sel / stopgrad(P_t,sel) (value 1) and the float64 per-chunk key sums (the decode state)."""
 
     @staticmethod
     def forward(ctx, q, k, prev_sums, q_pos, scale, C, own, R):
-        B, H, Tq, D = q.shape
-        offset = int(q_pos[0])
-        sums = q.new_zeros(B, H, -(-(offset + Tq) // C), D, dtype=SEL_DTYPE)
-        carry = None
-        if prev_sums is not None and prev_sums.shape[2]:
-            sums[:, :, : prev_sums.shape[2]] = prev_sums
-            carry = prev_sums[:, :, offset // C] if offset % C else None  # the chunk in progress
-        sel = torch.empty(B, H, Tq, dtype=torch.long, device=q.device)
-        for s, e in _chunk_aligned_blocks(offset, Tq, C, R):
-            pos = q_pos[s:e]
-            c = torch.div(pos, C, rounding_mode="floor")
-            c0, c1 = (offset + s) // C, (offset + e - 1) // C
-            prefix = _within_chunk_cumsum(k[:, :, s:e], offset + s, C, carry if s == 0 else None, dtype=SEL_DTYPE)
-            last = torch.clamp(torch.arange(c0 + 1, c1 + 2, device=q.device) * C - offset - s, max=e - s) - 1
-            sums[:, :, c0 : c1 + 1] = prefix[:, :, last]  # running chunk totals
-            qb = q[:, :, s:e].to(SEL_DTYPE).mul_(scale)
-            best = qb.new_full((B, H, e - s), NEG_INF)
-            j = torch.zeros(B, H, e - s, dtype=torch.long, device=q.device)
-            if c1 > 0:  # complete chunks j < c(t)
-                a = (qb @ sums[:, :, :c1].transpose(-1, -2)).masked_fill_(torch.arange(c1, device=q.device) >= c[:, None], NEG_INF)
-                best, j = a.max(-1)
-            if own == "candidate":
-                n = (pos % C + 1).to(SEL_DTYPE)
-                a_own = (qb * prefix).sum(-1) / n + n.log()
-                sel[:, :, s:e] = torch.where(a_own > best / C + math.log(C), c, j)
-            else:
-                sel[:, :, s:e] = torch.where(torch.isfinite(best), j, -1)
+        sel, sums, carry = _approx_forward(q, k, prev_sums, q_pos, scale, C, own, R)
         ctx.save_for_backward(q, k, sums.to(q.dtype), sel, q_pos)
-        ctx.scale, ctx.C, ctx.own, ctx.R = scale, C, own, R
+        ctx.args = (scale, C, own, R)
         ctx.carry = None if carry is None else carry.to(q.dtype)
         ctx.mark_non_differentiable(sel, sums)
         return sel, torch.ones_like(q[..., 0]), sums
@@ -184,37 +204,8 @@ class _ApproxSelect(torch.autograd.Function):
     @staticmethod
     def backward(ctx, _dsel, g, _dsums):
         q, k, sums, sel, q_pos = ctx.saved_tensors
-        scale, C, cand_own = ctx.scale, ctx.C, ctx.own == "candidate"
-        offset = int(q_pos[0])
-        g = torch.where(sel >= 0, g, 0.0)
-        dq, dk, dsums = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(sums)
-        for s, e in _chunk_aligned_blocks(offset, q.shape[2], C, ctx.R):
-            pos = q_pos[s:e]
-            c = torch.div(pos, C, rounding_mode="floor")[:, None]
-            ncols = int(c[-1]) + 1 if cand_own else int(c[-1])
-            if ncols <= 1:
-                continue  # one candidate at most: d log P / d a = 0
-            qb, gb = q[:, :, s:e] * scale, g[:, :, s:e, None]
-            a = (qb @ sums[:, :, :ncols].transpose(-1, -2)) / C + math.log(C)
-            col = torch.arange(ncols, device=q.device)
-            if cand_own:
-                prefix = _within_chunk_cumsum(k[:, :, s:e], offset + s, C, ctx.carry if s == 0 else None)
-                n = (pos % C + 1).to(q.dtype)[:, None]
-                a.scatter_(-1, c.expand(*a.shape[:2], -1, 1), (qb * prefix).sum(-1, keepdim=True) / n + n.log())
-            allowed = col <= c if cand_own else col < c
-            a.masked_fill_(~allowed, NEG_INF).masked_fill_(~allowed.any(-1, keepdim=True), 0.0)  # no candidate: g = 0
-            da = torch.softmax(a, dim=-1).mul_(-gb).scatter_add_(-1, sel[:, :, s:e, None].clamp(min=0), gb)  # (onehot - p) g
-            if cand_own:
-                own_col = c.expand(*a.shape[:2], -1, 1)
-                down = da.gather(-1, own_col) / n
-                da.scatter_(-1, own_col, 0.0)
-                dq[:, :, s:e] = down * prefix * scale
-                dk[:, :, s:e] = _within_chunk_cumsum(down * qb, offset + s, C, reverse=True)  # a key feeds later prefixes
-            da /= C
-            dq[:, :, s:e] += (da @ sums[:, :, :ncols]) * scale
-            dsums[:, :, :ncols] += da.transpose(-1, -2) @ qb
-        for s, e in _chunk_aligned_blocks(offset, q.shape[2], C, ctx.R):  # each key also feeds its chunk's sum
-            dk[:, :, s:e] += dsums.index_select(2, torch.div(q_pos[s:e], C, rounding_mode="floor"))
+        dq, dk = torch.zeros_like(q), torch.zeros_like(k)
+        _approx_backward(q, k, sums, ctx.carry, sel, q_pos, g, *ctx.args, dq, dk)
         return dq, dk, None, None, None, None, None, None
 
 
@@ -341,8 +332,8 @@ def _slot_positions(L: TileLayout, q_pos: Tensor, items: Tensor, slots: Tensor, 
 class _TileBatches:
     """Iterates the tile batches of a layout: their tiles, items, slots, source rows and causal bias."""
 
-    def __init__(self, L: TileLayout, k: Tensor, q_pos: Tensor, tb: int):
-        self.L, self.tb = L, tb
+    def __init__(self, L: TileLayout, k: Tensor, q_pos: Tensor, tb: int, rows: Tensor | None):
+        self.L, self.tb, self.rows = L, tb, rows
         n_tiles = L.tile_group.numel()
         self.bounds = torch.searchsorted(L.dest, torch.arange(0, n_tiles + tb, tb, device=k.device) * L.Q).tolist()
         self.starts = list(range(0, n_tiles, tb))
@@ -374,7 +365,11 @@ class _TileBatches:
             qpos = self.pos[sl].view(len(tiles), L.Q)
             visible = torch.minimum((qpos - start[:, None]).clamp(max=L.C - 1) + 1, (L.Tk - start).clamp(max=L.C)[:, None])
             bias = self.bias.index_select(0, visible.view(-1)).view(len(tiles), L.Q, L.C)
-            yield tiles, items, slots, self.src[sl], self.valid[sl, None], bias
+            src = self.src[sl]
+            if self.rows is None:
+                yield tiles, items, items, slots, src, src, self.valid[sl, None], bias
+            else:
+                yield tiles, items, self.rows[items], slots, src, self.rows[src], self.valid[sl, None], bias
 
     def gather(self, xc: Tensor | None, x: Tensor, tiles: Tensor) -> Tensor:
         if xc is not None:
@@ -383,61 +378,124 @@ class _TileBatches:
         return x.flatten(0, 1)[bh[:, None], kidx]
 
 
+def _tile_forward(q_rows, k, v, q_pos, L: TileLayout, scale: float, tb: int, rows):
+    """In-chunk attention, ``tb`` tiles at a time. Queries and outputs are rows of ``q_rows``/``o``:
+    item ``bh * Tq + t`` is row ``rows[item]`` (identity when None), so a [B, T, H, D] layout needs no
+    copy. Returns ``o`` (0 for unselected queries) and ``lse [BH*Tq]`` (-inf there)."""
+    D, Q = q_rows.shape[1], L.Q
+    o = q_rows.new_zeros(q_rows.shape)
+    lse = q_rows.new_full((k.shape[0] * k.shape[1] * L.Tq,), NEG_INF)
+    batches = _TileBatches(L, k, q_pos, tb, rows)
+    kc, vc = batches.chunks(k), batches.chunks(v)
+    for tiles, items, item_rows, slots, _, src_rows, _, bias in batches:
+        qt = q_rows.index_select(0, src_rows).mul_(scale).view(len(tiles), Q, D)
+        s = torch.bmm(qt, batches.gather(kc, k, tiles).transpose(1, 2)).add_(bias)
+        p = torch.softmax(s, dim=-1)
+        ot = torch.bmm(p, batches.gather(vc, v, tiles)).view(-1, D)
+        o.index_copy_(0, item_rows, ot.index_select(0, slots))
+        m = s.amax(-1).sub_(p.amax(-1).log_())  # lse = max - log(max p)
+        lse.index_copy_(0, items, m.view(-1).index_select(0, slots))
+    return o, lse
+
+
+def _tile_backward(q_rows, k, v, q_pos, rows, L: TileLayout, scale: float, tb: int, do, dlse, want_dgate: bool):
+    """Recomputes the [Q, C] probabilities per tile batch (nothing [T, D]-sized is kept from the
+    forward but the inputs; dO . o = sum_i p_i dO . v_i needs no output). Returns dq (rows), dk, dv and, if asked, dgate_t = dO_t . o_t
+    (the gradient of a straight-through factor of value 1 on the output)."""
+    B, H, Tk, D = k.shape
+    Q = L.Q
+    batches = _TileBatches(L, k, q_pos, tb, rows)
+    kc, vc = batches.chunks(k), batches.chunks(v)
+    dkc = k.new_zeros(B * H * L.n_chunks, L.C * D)
+    dvc = torch.zeros_like(dkc)
+    dq = torch.zeros_like(q_rows)
+    dgate = q_rows.new_zeros(B * H * L.Tq) if want_dgate else None
+    for tiles, items, item_rows, slots, src, src_rows, valid, bias in batches:
+        n = len(tiles)
+        qt = q_rows.index_select(0, src_rows).mul_(scale).view(n, Q, D)
+        dot = do.index_select(0, src_rows).mul_(valid).view(n, Q, D)  # padding rows: dO = 0
+        kt, vt = batches.gather(kc, k, tiles), batches.gather(vc, v, tiles)
+        p = torch.softmax(torch.bmm(qt, kt.transpose(1, 2)).add_(bias), dim=-1)
+        dp = torch.bmm(dot, vt.transpose(1, 2))  # dO_t . v_i
+        dt = (p * dp).sum(-1, keepdim=True)  # dO_t . o_t = sum_i p_ti dO_t . v_i
+        if dgate is not None:
+            dgate.index_copy_(0, items, dt.view(-1).index_select(0, slots))
+        if dlse is not None:
+            dt.sub_(dlse.index_select(0, src).mul_(valid[:, 0]).view(n, Q, 1))
+        ds = dp.sub_(dt).mul_(p)  # dL/ds = p (dO.v - dO.o + dL/dlse)
+        dvc.index_add_(0, tiles, torch.bmm(p.transpose(1, 2), dot).view(n, -1))
+        dkc.index_add_(0, tiles, torch.bmm(ds.transpose(1, 2), qt).view(n, -1))
+        dq.index_copy_(0, item_rows, torch.bmm(ds, kt).view(-1, D).index_select(0, slots))
+    return dq.mul_(scale), dkc.view(B, H, -1, D)[:, :, :Tk], dvc.view(B, H, -1, D)[:, :, :Tk], dgate
+
+
+def _query_rows(q: Tensor) -> tuple[Tensor, Tensor | None]:
+    """q [B, H, T, D] as 2-D rows without copying when its memory is [B, T, H, D] (the projection
+    layout), with the row of each item ``bh * T + t``; else a [B*H*T, D] reshape (rows None)."""
+    B, H, T, D = q.shape
+    q_bthd = q.transpose(1, 2)
+    if not q_bthd.is_contiguous():
+        return q.reshape(B * H * T, D), None
+    b, h, t = (torch.arange(n, device=q.device) for n in (B, H, T))
+    return q_bthd.view(-1, D), ((b[:, None, None] * T + t[None, None, :]) * H + h[None, :, None]).reshape(-1)
+
+
+def _rows_as_bhtd(x: Tensor, rows: Tensor | None, B: int, H: int, T: int) -> Tensor:
+    return x.view(B, H, T, -1) if rows is None else x.view(B, T, H, -1).transpose(1, 2)
+
+
 class _TileAttention(torch.autograd.Function):
-    """Softmax attention of each query inside its selected chunk, ``tb`` tiles at a time, flash style:
-    saves o and recomputes the [Q, C] probabilities in backward, so temporaries stay in cache and no
-    [Tq, D]-sized temporaries are made. Returns ``o [BH*Tq, D]`` (0 for unselected queries) and
-    ``lse [BH*Tq]`` (-inf there). ``gate [BH*Tq]`` (optional) is a straight-through factor whose value
-    is 1: it does not scale o, and receives the gradient dO_t . o_t."""
+    """``_tile_forward`` / ``_tile_backward`` (flash style: recomputes the tile scores and output).
+    ``gate [BH*Tq]`` (optional) is a straight-through factor of value 1: it does not scale o, and
+    receives dO_t . o_t."""
 
     @staticmethod
-    def forward(ctx, q_flat, k, v, gate, q_pos, L: TileLayout, scale, tb):
-        D, Q = q_flat.shape[1], L.Q
-        o = q_flat.new_zeros(q_flat.shape)
-        lse = q_flat.new_full(q_flat.shape[:1], NEG_INF)
-        batches = _TileBatches(L, k, q_pos, tb)
-        kc, vc = batches.chunks(k), batches.chunks(v)
-        for tiles, items, slots, src, _, bias in batches:
-            qt = q_flat.index_select(0, src).mul_(scale).view(len(tiles), Q, D)
-            s = torch.bmm(qt, batches.gather(kc, k, tiles).transpose(1, 2)).add_(bias)
-            p = torch.softmax(s, dim=-1)
-            ot = torch.bmm(p, batches.gather(vc, v, tiles)).view(-1, D)
-            o.index_copy_(0, items, ot.index_select(0, slots))
-            m = s.amax(-1).sub_(p.amax(-1).log_())  # lse = max - log(max p)
-            lse.index_copy_(0, items, m.view(-1).index_select(0, slots))
-        ctx.save_for_backward(q_flat, k, v, q_pos, o)
-        ctx.L, ctx.scale, ctx.tb, ctx.has_gate = L, scale, tb, gate is not None
+    def forward(ctx, q_rows, k, v, gate, q_pos, L: TileLayout, scale, tb, rows):
+        o, lse = _tile_forward(q_rows, k, v, q_pos, L, scale, tb, rows)
+        ctx.save_for_backward(q_rows, k, v, q_pos, rows)
+        ctx.args, ctx.has_gate = (L, scale, tb), gate is not None
         return o, lse
 
     @staticmethod
     def backward(ctx, do, dlse):
-        q_flat, k, v, q_pos, o = ctx.saved_tensors
-        L, scale, Q = ctx.L, ctx.scale, ctx.L.Q
-        B, H, Tk, D = k.shape
-        batches = _TileBatches(L, k, q_pos, ctx.tb)
-        kc, vc = batches.chunks(k), batches.chunks(v)
-        dkc = k.new_zeros(B * H * L.n_chunks, L.C * D)
-        dvc = torch.zeros_like(dkc)
-        dq = torch.zeros_like(q_flat)
-        dgate = torch.zeros_like(dlse) if ctx.has_gate else None
-        for tiles, items, slots, src, valid, bias in batches:
-            n = len(tiles)
-            qt = q_flat.index_select(0, src).mul_(scale)
-            dot = do.index_select(0, src).mul_(valid)  # padding rows: dO = 0
-            do_o = (dot * o.index_select(0, src)).sum(-1, keepdim=True)  # dO_t . o_t
-            if dgate is not None:
-                dgate.index_copy_(0, items, do_o.view(-1).index_select(0, slots))
-            dt = do_o.sub_(dlse.index_select(0, src)[:, None].mul_(valid)).view(n, Q, 1)  # dL/ds = p (dO.v - dt)
-            qt, dot = qt.view(n, Q, D), dot.view(n, Q, D)
-            kt, vt = batches.gather(kc, k, tiles), batches.gather(vc, v, tiles)
-            p = torch.softmax(torch.bmm(qt, kt.transpose(1, 2)).add_(bias), dim=-1)
-            ds = torch.bmm(dot, vt.transpose(1, 2)).sub_(dt).mul_(p)
-            dvc.index_add_(0, tiles, torch.bmm(p.transpose(1, 2), dot).view(n, -1))
-            dkc.index_add_(0, tiles, torch.bmm(ds.transpose(1, 2), qt).view(n, -1))
-            dq.index_copy_(0, items, torch.bmm(ds, kt).view(-1, D).index_select(0, slots))
-        dk = dkc.view(B, H, -1, D)[:, :, :Tk]
-        dv = dvc.view(B, H, -1, D)[:, :, :Tk]
-        return dq.mul_(scale), dk, dv, dgate, None, None, None, None
+        q_rows, k, v, q_pos, rows = ctx.saved_tensors
+        dq, dk, dv, dgate = _tile_backward(q_rows, k, v, q_pos, rows, *ctx.args, do, dlse, ctx.has_gate)
+        return dq, dk, dv, dgate, None, None, None, None, None
+
+
+class _ApproxAttention(torch.autograd.Function):
+    """Training form of Top-1 Chunk Approx (own chunk a candidate, straight-through selector gate)
+    in one Function: selection, tiled in-chunk attention, and one backward that accumulates both
+    gradients into the same dq, dk (no second pair of [T, D] gradient buffers)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, q_pos, scale, C, Q, R, tb):
+        B, H, T, D = q.shape
+        sel, sums, _ = _approx_forward(q, k, None, q_pos, scale, C, "candidate", R)
+        L = tile_layout(sel, k.shape[2], C, Q)
+        q_rows, rows = _query_rows(q)
+        o, _ = _tile_forward(q_rows, k, v, q_pos, L, scale, tb, rows)
+        ctx.save_for_backward(q, k, v, q_pos, rows, sel, sums.to(q.dtype))
+        ctx.args = (L, scale, C, R, tb)
+        return _rows_as_bhtd(o, rows, B, H, T)
+
+    @staticmethod
+    def backward(ctx, do):
+        q, k, v, q_pos, rows, sel, sums = ctx.saved_tensors
+        L, scale, C, R, tb = ctx.args
+        B, H, T, D = q.shape
+        q_rows = _query_rows(q)[0]
+        do_rows = do.transpose(1, 2).reshape(-1, D) if rows is not None else do.reshape(-1, D)
+        dq, dk, dv, dgate = _tile_backward(q_rows, k, v, q_pos, rows, L, scale, tb, do_rows, None, True)
+        dq = _rows_as_bhtd(dq, rows, B, H, T)
+        _approx_backward(q, k, sums, None, sel, q_pos, dgate.view(B, H, T), scale, C, "candidate", R, dq, dk)
+        return dq, dk, dv, None, None, None, None, None, None
+
+
+def approx_attention(q: Tensor, k: Tensor, v: Tensor, q_pos: Tensor, scale: float, C: int, Q: int) -> Tensor:
+    """Top-1 Chunk Approx training forward (no cache; own chunk a candidate; straight-through gate)."""
+    Q = max(1, min(Q, q.shape[2]))
+    return _ApproxAttention.apply(q, k, v, q_pos, scale, C, Q, max(1, SELECT_BLOCK // C), max(1, TILE_BATCH_ELEMS // (Q * C)))
 
 
 TileKernel = Callable[[Tensor, Tensor, Tensor, Tensor, float, bool], tuple[Tensor, Tensor | None]]
@@ -462,11 +520,12 @@ def attend_selected(q: Tensor, k: Tensor, v: Tensor, sel: Tensor, q_pos: Tensor,
     B, H, Tq, D = q.shape
     Q = max(1, min(Q, Tq))  # a tile never needs more slots than there are queries
     L = tile_layout(sel, k.shape[2], C, Q)
-    q_flat = q.reshape(B * H * Tq, D)
     if kernel is None:
         g = None if gate is None else gate.reshape(-1)
-        o, lse = _TileAttention.apply(q_flat, k, v, g, q_pos, L, scale, max(1, TILE_BATCH_ELEMS // (Q * C)))
-        return o.view(B, H, Tq, D), lse.view(B, H, Tq)
+        q_rows, rows = _query_rows(q)
+        o, lse = _TileAttention.apply(q_rows, k, v, g, q_pos, L, scale, max(1, TILE_BATCH_ELEMS // (Q * C)), rows)
+        return _rows_as_bhtd(o, rows, B, H, Tq), lse.view(B, H, Tq)
+    q_flat = q.reshape(B * H * Tq, D)
     n = L.tile_group.numel() * Q
     bh, kidx, mask = _tile_keys(L, L.tile_group, _slot_positions(L, q_pos, L.order, L.dest, n))
     qt = q.new_zeros(n, D).index_copy(0, L.dest, q_flat.index_select(0, L.order)).view(-1, Q, D)
