@@ -130,10 +130,9 @@ def write_hf_disk(folder: Path, tables: list) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     n = len(tables)
     for i, t in enumerate(tables):
-        with pa.OSFile(str(folder / f"data-{i:05d}-of-{n:05d}.arrow"), "wb") as f:
-            with pa.ipc.new_stream(f, t.schema) as w:
-                for batch in t.to_batches(max_chunksize=7):
-                    w.write_batch(batch)
+        with pa.OSFile(str(folder / f"data-{i:05d}-of-{n:05d}.arrow"), "wb") as f, pa.ipc.new_stream(f, t.schema) as w:
+            for batch in t.to_batches(max_chunksize=7):
+                w.write_batch(batch)
     state = {"_data_files": [{"filename": f"data-{i:05d}-of-{n:05d}.arrow"} for i in range(n)],
              "_fingerprint": "0", "_format_columns": None, "_format_kwargs": {}, "_format_type": None,
              "_output_all_columns": False, "_split": None}

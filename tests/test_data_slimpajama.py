@@ -71,7 +71,7 @@ def test_limited_and_mixed_training_weights(corpus):
     assert set(np.concatenate([limited.windows(s)[0] for s in range(10)]).tolist()) == {0, 1}
     mixed = TrainBatches(corpus, weights=MIXED, seq_len=32, batch_size=64, seed=0)
     assert mixed.domains == list(DOMAINS)
-    x, y = mixed.batch(3)
+    x, _ = mixed.batch(3)
     assert x.shape == (64, 32) and int(x.max()) < corpus.vocab_size
 
 

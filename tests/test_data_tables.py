@@ -9,9 +9,20 @@ import warnings
 from pathlib import Path
 
 import pytest
-from test_data_helpers import WORDS, records_table, slimpajama_records, write_hf_disk, write_jsonl_zst
+from test_data_helpers import (
+    WORDS,
+    records_table,
+    slimpajama_records,
+    write_hf_disk,
+    write_jsonl_zst,
+)
 
-from basecap.data import DataError, MalformedRecordWarning, build_corpus, recipe_from_dict
+from basecap.data import (
+    DataError,
+    MalformedRecordWarning,
+    build_corpus,
+    recipe_from_dict,
+)
 from basecap.data.recipe import source_id
 from basecap.data.sources import prepare_source, read_source
 from basecap.data.tables import _batches

@@ -55,7 +55,7 @@ def _sample_from_corpus(corpus, mb: float) -> list[str]:
 
 
 def _sample_from_python(mb: float) -> list[str]:
-    import pydoc_data.topics as topics
+    from pydoc_data import topics
 
     texts = list(topics.topics.values())
     size = sum(len(t.encode("utf-8")) for t in texts)

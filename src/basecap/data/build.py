@@ -15,6 +15,7 @@ import heapq
 import json
 import os
 import shutil
+import sys
 import time
 from collections import Counter, defaultdict
 from contextlib import contextmanager
@@ -169,8 +170,11 @@ def build_corpus(recipe: RecipeConfig | str, home: str | os.PathLike | None = No
     return Corpus(target)
 
 
-def _collect(recipe: RecipeConfig, prepared: list[PreparedSource], log) -> tuple[dict, dict]:
+def _collect(recipe: RecipeConfig, prepared: list[PreparedSource], log,
+             progress: bool | None = None) -> tuple[dict, dict]:
     """Read every source; exact de-duplication across the corpus; per-source then per-domain caps."""
+    from tqdm.auto import tqdm
+
     seen: set[bytes] = set()
     dup = Counter()
     domain_sel = {d: BottomK(cfg.max_bytes) for d, cfg in recipe.domains.items()}
@@ -182,8 +186,11 @@ def _collect(recipe: RecipeConfig, prepared: list[PreparedSource], log) -> tuple
         # since a selection does not depend on the order it sees documents in), so memory stays
         # bounded by the domain caps instead of holding everything the source has
         cap = prep.config.max_bytes
-        per_domain: dict[str, BottomK] = defaultdict(lambda: BottomK(cap)) if cap else domain_sel
+        per_domain: dict[str, BottomK] = defaultdict(lambda cap=cap: BottomK(cap)) if cap else domain_sel
+        bar = tqdm(total=len(prep.files), unit="file", desc=f"reading {prep.id}", file=sys.stderr, leave=False,
+                   disable=True if len(prep.files) < 2 else None if progress is None else not progress)
         for doc in read_source(prep):
+            bar.update(prep.stats["files"] - bar.n)
             digest = doc_digest(doc.text)
             if digest in seen:
                 prep.stats["duplicates"] += 1
@@ -194,6 +201,7 @@ def _collect(recipe: RecipeConfig, prepared: list[PreparedSource], log) -> tuple
         for domain, sel in per_domain.items() if cap else ():
             for digest, n, doc in sel.items():
                 domain_sel[domain].add(digest, n, doc)
+        bar.close()
         s = prep.stats
         log(f"  source {prep.id}: {s['records']} documents, {s['bytes_read'] / 1e6:.1f} MB, "
             f"{s['duplicates']} duplicates, {s['bad_bytes']} bad bytes, {s['malformed']} malformed "
@@ -224,7 +232,7 @@ def _assign_splits(u: np.ndarray, ntok: np.ndarray, recipe: RecipeConfig) -> np.
 
 def _build_into(out: Path, recipe: RecipeConfig, prepared: list[PreparedSource], key: str, log,
                 workers: int = 1, progress: bool | None = None) -> None:
-    selected, dup = _collect(recipe, prepared, log)
+    selected, dup = _collect(recipe, prepared, log, progress)
     skipped_domains = {}
     for d, items in list(selected.items()):
         if not items:

@@ -32,8 +32,8 @@ SUFFIXES = {"parquet": (".parquet",), "arrow": (".arrow", ".feather", ".ipc")}
 def _pyarrow():
     try:
         import pyarrow
-        import pyarrow.compute  # noqa: F401
-        import pyarrow.parquet  # noqa: F401
+        import pyarrow.compute
+        import pyarrow.parquet
     except ImportError:
         raise SourceUnavailable("pyarrow is not installed (pip install pyarrow)") from None
     return pyarrow

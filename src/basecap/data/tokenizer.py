@@ -10,7 +10,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Iterable
 
-import numpy as np
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from ..config_base import ConfigError
@@ -44,21 +43,3 @@ def load_tokenizer(path: str | Path, eot_token: str = EOT) -> tuple[Tokenizer, i
         raise ConfigError(f"tokenizer {path} has no token {eot_token!r} (tokenizer.eot_token)")
     tok.encode_special_tokens = True
     return tok, eot_id
-
-
-def encode_documents(tok: Tokenizer, texts: list[str], dtype, batch_bytes: int = 4_000_000) -> list[np.ndarray]:
-    """Token ids of each document (no separators), batched to bound the memory of Encodings."""
-    tok.encode_special_tokens = True
-    encode = getattr(tok, "encode_batch_fast", tok.encode_batch)
-    out: list[np.ndarray] = []
-    start, size = 0, 0
-    for i, t in enumerate(texts + [None]):
-        if t is not None:
-            size += len(t)
-        if t is None or size >= batch_bytes:
-            end = i + 1 if t is not None else i
-            if end > start:
-                for enc in encode(texts[start:end], add_special_tokens=False):
-                    out.append(np.asarray(enc.ids, dtype=dtype))
-            start, size = end, 0
-    return out
