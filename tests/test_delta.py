@@ -4,8 +4,6 @@ the feature map, the block-local window attention, state passing and the paper d
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
 
 import pytest
 import torch
@@ -16,24 +14,9 @@ from basecap.mixers.based import taylor_attn_recurrent, window_attention_blocked
 from basecap.ops.delta_rule import delta_rule_chunked, delta_rule_recurrent, l2_normalize
 from basecap.ops.linear_attn import taylor_features, taylor_kernel, taylor_linear_attn_chunked
 
+from fla_oracle import fla_naive
+from mixer_contract import rel_err as rel
 
-def rel(a, b):
-    assert torch.isfinite(a).all() and torch.isfinite(b).all()
-    a, b = a.detach(), b.detach()
-    return float((a - b).norm() / b.norm().clamp_min(1e-12))
-
-
-def fla_naive(relpath: str):
-    """Load ``fla/ops/<relpath>`` as a standalone module (importing ``fla`` itself needs Triton)."""
-    spec = importlib.util.find_spec("fla")
-    if spec is None or not spec.submodule_search_locations:
-        pytest.skip("flash-linear-attention is not installed: no independent oracle")
-    pytest.importorskip("einops", reason="the fla reference files import einops")
-    path = Path(list(spec.submodule_search_locations)[0]) / "ops" / relpath
-    mod_spec = importlib.util.spec_from_file_location("fla_naive_" + relpath.replace("/", "_")[:-3], path)
-    mod = importlib.util.module_from_spec(mod_spec)
-    mod_spec.loader.exec_module(mod)
-    return mod
 
 
 def delta_inputs(B=2, H=3, T=37, K=8, V=12, seed=0, gated=False):

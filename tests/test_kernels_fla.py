@@ -33,6 +33,8 @@ from basecap.ops.delta_rule import delta_rule_recurrent, l2_normalize
 from basecap.ops.ssm import ssd_ref
 from basecap.ops.wkv import wkv6_recurrent, wkv7_recurrent
 
+from fla_oracle import fla_naive
+
 FAST_MIXERS = ["mamba2", "deltanet", "gated_deltanet", "rwkv6", "rwkv7", "based"]
 CPU_ERROR = "impl='fast' needs CUDA and flash-linear-attention; use 'chunked' on CPU"
 
@@ -42,19 +44,6 @@ def rel(a, b, floor: float = 1e-12):
     assert torch.isfinite(a).all() and torch.isfinite(b).all()
     a, b = a.detach().float(), b.detach().float()
     return float((a - b).norm() / b.norm().clamp_min(floor))
-
-
-def fla_naive(relpath: str):
-    """Load ``fla/ops/<relpath>`` as a standalone module (importing ``fla.ops`` needs Triton)."""
-    spec = importlib.util.find_spec("fla")
-    if spec is None or not spec.submodule_search_locations:
-        pytest.skip("flash-linear-attention is not installed: no independent reference")
-    pytest.importorskip("einops", reason="the fla reference files import einops")
-    path = Path(list(spec.submodule_search_locations)[0]) / "ops" / relpath
-    mod_spec = importlib.util.spec_from_file_location("fla_ref_" + relpath.replace("/", "_")[:-3], path)
-    mod = importlib.util.module_from_spec(mod_spec)
-    mod_spec.loader.exec_module(mod)
-    return mod
 
 
 def leaves(*ts):
@@ -303,6 +292,7 @@ import torch
 torch.set_num_threads(1)
 import basecap, basecap.model, basecap.kernels.fla
 from basecap.mixers import build_mixer, mixer_class, mixer_names, parse_mixer_config
+
 ran = []
 for name in mixer_names():
     cls = mixer_class(name)

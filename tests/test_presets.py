@@ -2,7 +2,7 @@ import pytest
 
 from basecap.cli import main
 from basecap.mixers import mixer_names
-from basecap.model import LM, ModelConfig
+from basecap.model import ModelConfig
 from basecap.presets import count_params
 
 

@@ -5,9 +5,7 @@ and state, the backbone wiring and the paper inits."""
 
 from __future__ import annotations
 
-import importlib.util
 import math
-from pathlib import Path
 
 import pytest
 import torch
@@ -19,24 +17,9 @@ from basecap.mixers.rwkv7 import _lora_rank
 from basecap.model import LM, ModelConfig
 from basecap.ops.wkv import token_shift, wkv6_chunked, wkv6_recurrent, wkv7_chunked, wkv7_recurrent
 
+from fla_oracle import fla_naive
+from mixer_contract import rel_err as rel
 
-def rel(a, b):
-    assert torch.isfinite(a).all() and torch.isfinite(b).all()
-    a, b = a.detach(), b.detach()
-    return float((a - b).norm() / b.norm().clamp_min(1e-12))
-
-
-def fla_naive(relpath: str):
-    """Load ``fla/ops/<relpath>`` as a standalone module (importing ``fla`` itself needs Triton)."""
-    spec = importlib.util.find_spec("fla")
-    if spec is None or not spec.submodule_search_locations:
-        pytest.skip("flash-linear-attention is not installed: no independent oracle")
-    pytest.importorskip("einops", reason="the fla reference files import einops")
-    path = Path(list(spec.submodule_search_locations)[0]) / "ops" / relpath
-    mod_spec = importlib.util.spec_from_file_location("fla_naive_" + relpath.replace("/", "_")[:-3], path)
-    mod = importlib.util.module_from_spec(mod_spec)
-    mod_spec.loader.exec_module(mod)
-    return mod
 
 
 def wkv6_inputs(B=2, T=37, H=3, K=8, V=6, seed=0, dtype=torch.float64, decay_scale=2.0):

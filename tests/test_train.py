@@ -6,7 +6,6 @@ import sys
 import time
 
 import pytest
-import torch
 
 from basecap.checkpoint import CheckpointError, latest_good_checkpoint, list_checkpoints, load_weights
 from basecap.config import validate_run

@@ -25,7 +25,7 @@ import torch
 from .checkpoint import latest_good_checkpoint, restore, save_checkpoint
 from .config import RunConfig
 from .config_base import ConfigError
-from .distributed import DistEnv, grad_sync, init_distributed, mean_across_ranks, wrap
+from .distributed import grad_sync, init_distributed, mean_across_ranks, wrap
 from .eval.ood import DomainEvaluator, in_domain_loss
 from .model import LM
 
