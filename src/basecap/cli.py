@@ -16,6 +16,7 @@ BENCHES = {
     "train": "trainer tokens/s against a minimal plain PyTorch loop of the same model",
     "mixers": "forward+backward and decode speed of every mixer against sequence length",
     "selection": "Top-1 selection attention against causal SDPA at long context",
+    "data": "tokenisation MB/s (1 and N workers) and loader batches/s against the planned 110m step time",
     "throughput": "whole-model training tokens/s and peak memory against sequence length (GPU table)",
 }
 
@@ -34,7 +35,7 @@ def _cmd_data(args):
 
     if args.action != "build":
         raise ConfigError(f"unknown data action {args.action!r}; allowed: build")
-    corpus = build_corpus(load_recipe(args.recipe))
+    corpus = build_corpus(load_recipe(args.recipe), workers=args.workers, progress=False if args.no_progress else None)
     print(summarize(corpus))
     print(f"corpus: {corpus.dir}")
 
@@ -153,6 +154,8 @@ def build_parser() -> argparse.ArgumentParser:
                        "tokenised. Cached in $BASECAP_HOME; a second build with the same inputs does nothing.")
     d.add_argument("action", choices=["build"], help="what to do")
     d.add_argument("recipe", nargs="?", default="default", help="built-in recipe name or path to a recipe TOML (default: default)")
+    d.add_argument("--workers", type=int, default=None, help="tokenisation worker processes (default: the CPU count)")
+    d.add_argument("--no-progress", action="store_true", help="no progress bars")
     d.set_defaults(fn=_cmd_data)
 
     def experiment_args(sp):
