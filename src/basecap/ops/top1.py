@@ -307,11 +307,17 @@ def tile_layout(sel: Tensor, Tk: int, C: int, Q: int) -> TileLayout:
     return TileLayout(items[perm], tile_start[g] * Q + rank, tile_group, n_chunks, Q, C, Tq, Tk)
 
 
-def _tile_keys(L: TileLayout, tiles: Tensor, q_pos_of_slots: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """For tiles ``tiles`` (their group ids): key rows (bh, clamped key index) and the causal mask."""
+def _tile_key_rows(L: TileLayout, tiles: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """For tiles ``tiles`` (their group ids): bh, key positions [n, C] and key indices clamped to Tk."""
     kpos = (tiles % L.n_chunks)[:, None] * L.C + torch.arange(L.C, device=tiles.device)  # [n, C]
+    return torch.div(tiles, L.n_chunks, rounding_mode="floor"), kpos, kpos.clamp(max=L.Tk - 1)
+
+
+def _tile_keys(L: TileLayout, tiles: Tensor, q_pos_of_slots: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Key rows (bh, clamped key index) of each tile and the causal mask [n, Q, C] of its slots."""
+    bh, kpos, kidx = _tile_key_rows(L, tiles)
     mask = (kpos[:, None, :] <= q_pos_of_slots.view(len(tiles), L.Q)[:, :, None]) & (kpos < L.Tk)[:, None, :]
-    return torch.div(tiles, L.n_chunks, rounding_mode="floor"), kpos.clamp(max=L.Tk - 1), mask
+    return bh, kidx, mask
 
 
 def _rows(x: Tensor, bh: Tensor, idx: Tensor) -> Tensor:
@@ -340,16 +346,19 @@ class _TileBatches:
         # additive causal bias by number of visible keys: row l = [0] * l + [-inf] * (C - l)
         hidden = torch.arange(L.C, device=k.device)[None, :] >= torch.arange(L.C + 1, device=k.device)[:, None]
         self.bias = torch.zeros(L.C + 1, L.C, dtype=k.dtype, device=k.device).masked_fill_(hidden, NEG_INF)
-        self.chunked = k.is_contiguous()  # gather whole chunks of a [BH * n_chunks, C * D] view; else rows
         # slot -> source query row; padding slots read row 0, see their whole chunk, and are never written back
         self.valid = torch.zeros(n_tiles * L.Q, dtype=k.dtype, device=k.device).index_fill_(0, L.dest, 1.0)
         self.src = torch.zeros(n_tiles * L.Q, dtype=torch.long, device=k.device).index_copy_(0, L.dest, L.order)
-        big = torch.iinfo(torch.long).max
-        self.pos = torch.where(self.valid > 0, q_pos[self.src % L.Tq], big)
+        # keys visible to each slot in its tile's chunk (padding slots: all of them)
+        start = ((L.tile_group % L.n_chunks) * L.C).repeat_interleave(L.Q)
+        visible = torch.where(self.valid > 0, (q_pos[self.src % L.Tq] - start).clamp(max=L.C - 1) + 1, L.C)
+        self.visible = torch.minimum(visible, (L.Tk - start).clamp(max=L.C))
+        self.all_valid = L.order.numel() == k.shape[0] * k.shape[1] * L.Tq  # every query is in a tile
 
     def chunks(self, x: Tensor) -> Tensor | None:
-        """x [B, H, Tk, D] as [BH * n_chunks, C * D] (2-D: a chunk gather is a block copy); None for views."""
-        if not self.chunked:
+        """x [B, H, Tk, D] as [BH * n_chunks, C * D] (2-D: a chunk gather is a block copy); None for a
+        non-contiguous view (a decode cache), whose rows are gathered instead of copying the cache."""
+        if not x.is_contiguous():
             return None
         B, H, Tk, D = x.shape
         pad = self.L.n_chunks * self.L.C - Tk
@@ -361,10 +370,7 @@ class _TileBatches:
             tiles = L.tile_group[t0 : t0 + self.tb]
             items, slots = L.order[self.bounds[b] : self.bounds[b + 1]], L.dest[self.bounds[b] : self.bounds[b + 1]] - t0 * L.Q
             sl = slice(t0 * L.Q, (t0 + len(tiles)) * L.Q)
-            start = (tiles % L.n_chunks) * L.C
-            qpos = self.pos[sl].view(len(tiles), L.Q)
-            visible = torch.minimum((qpos - start[:, None]).clamp(max=L.C - 1) + 1, (L.Tk - start).clamp(max=L.C)[:, None])
-            bias = self.bias.index_select(0, visible.view(-1)).view(len(tiles), L.Q, L.C)
+            bias = self.bias.index_select(0, self.visible[sl]).view(len(tiles), L.Q, L.C)
             src = self.src[sl]
             if self.rows is None:
                 yield tiles, items, items, slots, src, src, self.valid[sl, None], bias
@@ -374,7 +380,7 @@ class _TileBatches:
     def gather(self, xc: Tensor | None, x: Tensor, tiles: Tensor) -> Tensor:
         if xc is not None:
             return xc.index_select(0, tiles).view(len(tiles), self.L.C, -1)
-        bh, kidx, _ = _tile_keys(self.L, tiles, tiles.new_zeros(len(tiles) * self.L.Q))
+        bh, _, kidx = _tile_key_rows(self.L, tiles)
         return x.flatten(0, 1)[bh[:, None], kidx]
 
 
@@ -383,9 +389,9 @@ def _tile_forward(q_rows, k, v, q_pos, L: TileLayout, scale: float, tb: int, row
     item ``bh * Tq + t`` is row ``rows[item]`` (identity when None), so a [B, T, H, D] layout needs no
     copy. Returns ``o`` (0 for unselected queries) and ``lse [BH*Tq]`` (-inf there)."""
     D, Q = q_rows.shape[1], L.Q
-    o = q_rows.new_zeros(q_rows.shape)
-    lse = q_rows.new_full((k.shape[0] * k.shape[1] * L.Tq,), NEG_INF)
     batches = _TileBatches(L, k, q_pos, tb, rows)
+    o = q_rows.new_empty(q_rows.shape) if batches.all_valid else q_rows.new_zeros(q_rows.shape)
+    lse = q_rows.new_full((k.shape[0] * k.shape[1] * L.Tq,), NEG_INF)
     kc, vc = batches.chunks(k), batches.chunks(v)
     for tiles, items, item_rows, slots, _, src_rows, _, bias in batches:
         qt = q_rows.index_select(0, src_rows).mul_(scale).view(len(tiles), Q, D)
@@ -408,7 +414,7 @@ def _tile_backward(q_rows, k, v, q_pos, rows, L: TileLayout, scale: float, tb: i
     kc, vc = batches.chunks(k), batches.chunks(v)
     dkc = k.new_zeros(B * H * L.n_chunks, L.C * D)
     dvc = torch.zeros_like(dkc)
-    dq = torch.zeros_like(q_rows)
+    dq = torch.empty_like(q_rows) if batches.all_valid else torch.zeros_like(q_rows)
     dgate = q_rows.new_zeros(B * H * L.Tq) if want_dgate else None
     for tiles, items, item_rows, slots, src, src_rows, valid, bias in batches:
         n = len(tiles)
