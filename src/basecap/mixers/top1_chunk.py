@@ -94,7 +94,7 @@ class Top1Chunk(SelectionMixer):
         cfg = self.cfg
         if impl == "ref":
             return chunk_ref(q, k, v, q_pos, self.scale, cfg)
-        C, own, scale, block, Q = cfg.chunk_len, cfg.own_chunk, self.scale, 4 * self._block(impl), cfg.chunk_size
+        C, own, scale, block, Q = cfg.chunk_len, cfg.own_chunk, self.scale, self._block(impl, 4 * cfg.chunk_size), cfg.chunk_size
         kernel = None
         if impl == "fast":
             from ..kernels.top1_cuda import sdpa_tile_attention as kernel

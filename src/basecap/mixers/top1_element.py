@@ -86,12 +86,13 @@ class SelectionMixer(Mixer):
             self._logged_impl = impl
         return impl
 
-    def _block(self, impl: str) -> int:
+    def _block(self, impl: str, rows: int) -> int:
+        """Query rows per block of the quadratic loops: ``rows`` on CPU, at least FAST_BLOCK on CUDA."""
         if impl == "fast":
             from ..kernels.top1_cuda import FAST_BLOCK
 
-            return max(self.cfg.chunk_size, FAST_BLOCK)
-        return self.cfg.chunk_size
+            return max(rows, FAST_BLOCK)
+        return rows
 
     def forward(self, x: torch.Tensor, state: State | None = None):
         B, T, _ = x.shape
@@ -144,7 +145,7 @@ class Top1Element(SelectionMixer):
     def _mix(self, q, k, v, q_pos, impl, state, new_state):
         if impl == "ref":
             return element_ref(q, k, v, q_pos, self.scale, self.cfg.estimator)
-        return top1_element(q, k, v, q_pos, self.scale, self._block(impl), self.cfg.estimator)
+        return top1_element(q, k, v, q_pos, self.scale, self._block(impl, self.cfg.chunk_size), self.cfg.estimator)
 
     def flops_per_token(self, seq_len: int) -> float:
         # scores q.k over the (T+1)/2 visible keys on average; the output is a gather
