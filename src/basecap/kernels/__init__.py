@@ -1,0 +1,1 @@
+"""Thin adapters to optional fast libraries (fla, CUDA paths); imported lazily, never on the CPU path."""
