@@ -30,7 +30,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
-from .distributed import DistEnv, barrier, unwrap
+from .distributed import DistEnv, barrier
 
 
 class CheckpointError(RuntimeError):
@@ -155,4 +155,4 @@ def latest_good_checkpoint(ckpt_root: Path, log=print) -> Path | None:
 
 
 __all__ = ["CheckpointError", "latest_good_checkpoint", "list_checkpoints", "load_weights", "restore", "save_checkpoint",
-           "unwrap", "verify_checkpoint"]
+           "verify_checkpoint"]

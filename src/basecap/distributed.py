@@ -95,8 +95,3 @@ def mean_across_ranks(value: float, env: DistEnv) -> float:
 def barrier(env: DistEnv):
     if env.active:
         dist.barrier()
-
-
-def unwrap(model: torch.nn.Module) -> torch.nn.Module:
-    return getattr(model, "module", model)
-

@@ -62,7 +62,7 @@ def mlp_class(name: str):
     return _load(_MLPS[name])
 
 
-def _validate(kind: str, cls, data: Any, prefix: str):
+def _validate(cls, data: Any, prefix: str):
     if isinstance(data, cls.config_class):
         return data
     if not isinstance(data, dict):
@@ -77,14 +77,14 @@ def parse_mixer_config(data: Any, prefix: str = "model.mixer") -> MixerConfig:
     name = data.name if isinstance(data, MixerConfig) else (data or {}).get("name")
     if name is None:
         raise ConfigError(f"{prefix}.name: missing; allowed: {', '.join(mixer_names())}")
-    return _validate("mixer", mixer_class(name), data, prefix)
+    return _validate(mixer_class(name), data, prefix)
 
 
 def parse_mlp_config(data: Any, prefix: str = "model.mlp"):
     name = data.name if hasattr(data, "name") and not isinstance(data, dict) else (data or {}).get("name")
     if name is None:
         raise ConfigError(f"{prefix}.name: missing; allowed: {', '.join(mlp_names())}")
-    return _validate("mlp", mlp_class(name), data, prefix)
+    return _validate(mlp_class(name), data, prefix)
 
 
 def build_mixer(cfg: MixerConfig, d_model: int, layer_idx: int = 0, max_seq_len: int = 2048) -> Mixer:
