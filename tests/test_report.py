@@ -74,9 +74,12 @@ def test_bad_metrics_line_is_named(tmp_path):
 
 def test_suite_results_and_speed_appear_in_the_report(tmp_path):
     dirs = [fake_run(tmp_path, n, s, off) for n, off in (("ref", 1.0), ("ssm", 1.3)) for s in (0, 1)]
-    for d in dirs:
-        acc = {"1": 1.0, "4": 0.9} if d.name.startswith("ref") else {"1": 0.8, "4": 0.3}
-        mq = {"suite": "mqar", "runs": [{"d_model": 64, "acc": acc, "mean_acc": sum(acc.values()) / 2, "state_bytes": 4096}]}
+    for i, d in enumerate(dirs):
+        ref = d.name.startswith("ref")
+        acc = {"1": 1.0, "4": 0.9} if ref else {"1": 0.8, "4": 0.3}
+        # ref: MQAR trained with each run's seed; ssm: a fixed MQAR seed, one result copied to both runs
+        mq = {"suite": "mqar", "runs": [{"d_model": 64, "acc": acc, "mean_acc": sum(acc.values()) / 2, "state_bytes": 4096,
+                                         "seed": i if ref else 0}]}
         (d / "eval_mqar.json").write_text(json.dumps(mq))
         (d / "suite_zeroshot").mkdir()
         (d / "suite_zeroshot" / "eval_lm-eval.json").write_text(json.dumps(
@@ -86,7 +89,8 @@ def test_suite_results_and_speed_appear_in_the_report(tmp_path):
         "attention": {"ok": True, "train_s": {"512": 0.1}, "decode_ms": {"1024": 1.0}},
         "ssm": {"ok": True, "train_s": {"512": 0.05}, "decode_ms": {"1024": 0.5}}}}))
     text = report(dirs, tmp_path / "rep", reference="ref", speed_json=speed).read_text()
-    assert "## Associative recall: mqar" in text and "| ssm | 64 | 4,096 | 0.80 ± 0.00 | 0.30 ± 0.00 | 0.550 ± 0.000 |" in text
+    assert "## Associative recall: mqar" in text and "| ssm | 64 | 1 | 4,096 | 0.80 | 0.30 | 0.550 |" in text
+    assert "| ref | 64 | 2 | 4,096 | 1.00 ± 0.00 | 0.90 ± 0.00 | 0.950 ± 0.000 |" in text
     assert "## lm-evaluation-harness: lm-eval (zeroshot)" in text and "0.350 ± 0.000" in text
     assert "## Speed against sequence length" in text and "0.050 (0.50x)" in text
     assert (tmp_path / "rep" / "recall_vs_state_mqar.png").exists()

@@ -38,6 +38,17 @@ def suite_dir(run_dir: Path, spec: dict) -> Path:
     return run_dir / f"suite_{spec['name']}" if "name" in spec else run_dir
 
 
+def _same_options(result: Path, opts: dict) -> bool:
+    """Whether a stored suite result was computed with these options (a changed experiment file recomputes it)."""
+    if not result.exists():
+        return False
+    try:
+        stored = json.loads(result.read_text()).get("options")
+    except (OSError, ValueError):
+        return False
+    return stored == json.loads(json.dumps(opts))
+
+
 def run_suites(exp: ExperimentConfig, rc: RunConfig, run_dir: Path, log=print):
     from .eval.suites import run_suite
 
@@ -45,7 +56,7 @@ def run_suites(exp: ExperimentConfig, rc: RunConfig, run_dir: Path, log=print):
         opts = {k: v for k, v in spec.items() if k not in ("suite", "name")}
         out = suite_dir(run_dir, spec)
         target = out / f"eval_{spec['suite']}.json"
-        if target.exists():
+        if _same_options(target, opts):
             continue
         log(f"[{rc.run_id}] suite {spec['suite']}{' (' + spec['name'] + ')' if 'name' in spec else ''}")
         from_scratch = spec["suite"] == "mqar" and opts.get("mode", "train") == "train"
@@ -53,7 +64,7 @@ def run_suites(exp: ExperimentConfig, rc: RunConfig, run_dir: Path, log=print):
             # trains a fresh model from the mixer config: with a fixed seed every seed of this run gives the
             # same result, so compute it once per architecture and reuse it
             first = suite_dir(run_dir.parent / f"{rc.name}-s{exp.seeds[0]}", spec) / target.name
-            if first.exists() and first != target:
+            if first != target and _same_options(first, opts):
                 out.mkdir(parents=True, exist_ok=True)
                 shutil.copyfile(first, target)
                 continue

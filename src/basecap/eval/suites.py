@@ -188,7 +188,8 @@ def run_suite(run_dir, suite: str, out_dir: str | Path | None = None, **options)
     t0 = time.time()
     subject = subject or load_subject(run_dir)
     res = fn(subject, out_dir=out_dir, **options)
-    res = {"suite": suite, "model": subject.name, **subject.info, "seconds": round(time.time() - t0, 2), **res}
+    res = {"suite": suite, "model": subject.name, **subject.info, "seconds": round(time.time() - t0, 2),
+           "options": dict(options), **res}
     write_json(out_dir / f"eval_{suite}.json", res)
     return res
 

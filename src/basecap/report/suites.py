@@ -41,21 +41,24 @@ def _mqar(label, per_run, out: Path):
     pairs = sorted({k for rs in per_run.values() for res in rs for run in res.get("runs", []) for k in run["acc"]}, key=int)
     lines = [f"## Associative recall: {label}", "",
              "Each architecture trained from scratch on MQAR (Zoology's protocol) at the width shown; accuracy on "
-             "held-out sequences per number of key-value pairs, mean ± std over seeds; state = recurrent state bytes "
-             "per sequence (KV cache for attention) at the MQAR length.", "",
-             "| run | d_model | state bytes | " + " | ".join(f"{p} pairs" for p in pairs) + " | mean |",
-             "|" + "---|" * (4 + len(pairs))]
+             "held-out sequences per number of key-value pairs, mean ± std over MQAR training seeds (one value when the "
+             "suite fixes its seed); state = recurrent state bytes per sequence (KV cache for attention) at the MQAR "
+             "length.", "",
+             "| run | d_model | seeds | state bytes | " + " | ".join(f"{p} pairs" for p in pairs) + " | mean |",
+             "|" + "---|" * (5 + len(pairs))]
     pts = []
     for name, rs in per_run.items():
-        by_d = defaultdict(list)
+        by_d = defaultdict(dict)
         for res in rs:
             for run in res.get("runs", []):
-                by_d[run["d_model"]].append(run)
-        for d, runs in sorted(by_d.items()):
+                # a fixed MQAR seed gives one result shared by every seed of the run: count it once
+                by_d[run["d_model"]].setdefault(run.get("seed"), run)
+        for d, by_seed in sorted(by_d.items()):
+            runs = list(by_seed.values())
             accs = {p: _ms([r["acc"].get(p) for r in runs]) for p in pairs}
             mean = _ms([r["mean_acc"] for r in runs])
             state = runs[0]["state_bytes"]
-            lines.append(f"| {name} | {d} | {state:,} | " + " | ".join(_f(accs[p], 2) for p in pairs) + f" | {_f(mean, 3)} |")
+            lines.append(f"| {name} | {d} | {len(runs)} | {state:,} | " + " | ".join(_f(accs[p], 2) for p in pairs) + f" | {_f(mean, 3)} |")
             pts.append((name, d, state, mean))
     img = None
     if pts:
