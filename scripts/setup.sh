@@ -16,3 +16,6 @@ if [ -n "$extras" ]; then
 else
   python -m pip install -q -e .
 fi
+# an editable install carries no extra files: put the one-line .pth that lets `lm_eval --model basecap`
+# find basecap (a wheel install ships it) into the environment
+python -c "from basecap.lm_eval_plugin import main; main()"

@@ -258,3 +258,34 @@ def test_lm_eval_cli_on_a_run_directory(trained_run, tmp_path, capsys, no_builti
     assert json.loads(path.read_text())["results"]["basecap_smoke_mc"]["acc,none"] in (0.0, 0.5, 1.0)
     res = run_suite(trained_run, "lm-eval", tasks="basecap_smoke_ppl", limit=2)
     assert (trained_run / "eval_lm-eval.json").exists() and res["summary"]["basecap_smoke_ppl"]["bits_per_byte"] > 0
+
+
+def test_plain_lm_eval_command_finds_basecap(trained_run, tmp_path):
+    """``lm_eval --model basecap`` in a fresh process: the .pth hook registers basecap once lm-eval's own models load."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+    import sysconfig
+    from pathlib import Path
+
+    pytest.importorskip("lm_eval")
+    from basecap import lm_eval_plugin
+
+    pth = Path(sysconfig.get_paths()["purelib"]) / lm_eval_plugin.PTH_NAME
+    assert pth.is_file() and pth.read_text() == lm_eval_plugin.PTH_LINE, \
+        "basecap-lm-eval.pth is missing: run ./scripts/setup.sh or `python -c 'from basecap.lm_eval_plugin import main; main()'`"
+    setup_py = (Path(__file__).parents[1] / "setup.py").read_text()
+    assert repr(lm_eval_plugin.PTH_LINE)[1:-1] in setup_py  # the wheel ships the same line
+    exe = shutil.which("lm_eval", path=str(Path(sys.executable).parent)) or shutil.which("lm_eval")
+    home = tmp_path / "home"
+    env = {**os.environ, "BASECAP_HOME": str(home), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    task_dir = subprocess.run([sys.executable, "-c", "from basecap.eval.harness import prepare_task_dir; print(prepare_task_dir())"],
+                              env=env, capture_output=True, text=True, check=True).stdout.strip()
+    out = subprocess.run([exe, "run", "--model", "basecap", "--model_args", f"path={trained_run}", "--tasks", "basecap_smoke_mc",
+                          "--include_path", task_dir, "--limit", "2"], env=env, capture_output=True, text=True, cwd=tmp_path, check=False)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "basecap_smoke_mc" in out.stdout and "acc" in out.stdout
+    # lm-eval's own models stay registered next to basecap's
+    probe = "import lm_eval.api.registry as r; r.get_model('hf'); print(r.get_model('basecap').__name__)"
+    assert subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True).stdout.strip() == "BasecapLM"
