@@ -6,29 +6,43 @@ and a second build is a no-op. A build writes into ``.tmp-<recipe>-<key>`` (one 
 under a lock) renamed into place at the end: an interrupted build never leaves a folder that looks
 complete, and its committed work (the trained tokenizer, tokenised units) is picked up by the next
 build of the same corpus. Tokenisation runs in worker processes (``tokenize.py``).
+
+Selected documents' text is spooled to disk in ``work/spool`` as it is read; memory holds only a
+small record per document (digest, byte count, spool offset, source, origin), so a corpus may be
+far larger than RAM. Workers read their units' texts from the spool.
 """
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import heapq
 import json
 import os
 import shutil
 import sys
+import tempfile
 import time
 from collections import Counter, defaultdict
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable
+from typing import BinaryIO, Callable, NamedTuple
 
 import numpy as np
 
 from .corpus import MANIFEST_FORMAT, Corpus
 from .recipe import SPLITS, BPETokenizerConfig, RecipeConfig, load_recipe
 from .sources import DataError, PreparedSource, prepare_source, read_source
-from .text import Doc, doc_digest, split_key
-from .tokenize import load_unit, plan_units, run_units, usable_cpus
+from .text import doc_digest, split_key
+from .tokenize import (
+    FileTexts,
+    Unit,
+    load_unit,
+    plan_units,
+    read_spans,
+    run_units,
+    usable_cpus,
+)
 from .tokenizer import EOT, load_tokenizer, train_bpe
 
 PIPELINE_VERSION = 1
@@ -50,23 +64,68 @@ class BottomK:
 
     Streaming and exact: the kept set always equals sorting everything seen by digest and taking
     the shortest prefix that reaches the cap, so selection does not depend on reading order.
+    ``item`` is the caller's record of a document (in a build a ``Spooled``, never the text).
     """
 
     def __init__(self, cap: int | None):
         self.cap, self.total = cap, 0
-        self.heap: list[tuple[int, int, bytes, Doc]] = []  # (-key, bytes, digest, doc): max-heap
+        self.heap: list[tuple[int, int, bytes, object]] = []  # (-key, bytes, digest, item): max-heap
 
-    def add(self, digest: bytes, nbytes: int, doc: Doc) -> None:
-        key = int.from_bytes(digest[:16], "big")
-        if self.cap is not None and self.total >= self.cap and key > -self.heap[0][0]:
+    def admits(self, digest: bytes) -> bool:
+        """Whether ``add`` keeps this document now: a caller writes out only texts that are kept."""
+        return (self.cap is None or self.total < self.cap
+                or int.from_bytes(digest[:16], "big") <= -self.heap[0][0])
+
+    def add(self, digest: bytes, nbytes: int, item) -> None:
+        if not self.admits(digest):
             return
-        heapq.heappush(self.heap, (-key, nbytes, digest, doc))
+        heapq.heappush(self.heap, (-int.from_bytes(digest[:16], "big"), nbytes, digest, item))
         self.total += nbytes
         while self.cap is not None and self.total - self.heap[0][1] >= self.cap:
             self.total -= heapq.heappop(self.heap)[1]
 
-    def items(self) -> list[tuple[bytes, int, Doc]]:
-        return [(d, n, doc) for _, n, d, doc in sorted(self.heap, key=lambda x: x[2])]
+    def items(self) -> list[tuple[bytes, int, object]]:
+        return [(d, n, item) for _, n, d, item in sorted(self.heap, key=lambda x: x[2])]
+
+
+class Spooled(NamedTuple):
+    """A selected document in memory: where its text lies in its domain's spool file, where it came from."""
+
+    offset: int
+    source: str
+    origin: str
+
+
+class Spool:
+    """Selected documents' UTF-8 text on disk, one append-only file per domain.
+
+    A document is written when it enters a selection, so memory holds records, not text. One that a
+    domain cap evicts later stays in the file unused: disk, at most the text read, instead of memory.
+    """
+
+    def __init__(self, folder: Path):
+        shutil.rmtree(folder, ignore_errors=True)  # an interrupted build's: its sources are read again
+        folder.mkdir(parents=True)
+        self.folder = folder
+        self.files: dict[str, BinaryIO] = {}
+        self.size: Counter = Counter()
+
+    def path(self, domain: str) -> Path:
+        return self.folder / f"{domain}.txt"
+
+    def write(self, domain: str, raw: bytes) -> int:
+        """Append ``raw`` to the domain's file; returns its offset there."""
+        if domain not in self.files:
+            self.files[domain] = open(self.path(domain), "ab")  # noqa: SIM115 - open until close()
+        self.files[domain].write(raw)
+        self.size[domain] += len(raw)
+        return self.size[domain] - len(raw)
+
+    def close(self) -> None:
+        """Flush and close the files (before anything reads them)."""
+        for f in self.files.values():
+            f.close()
+        self.files.clear()
 
 
 def _cache_key(recipe: RecipeConfig, prepared: list[PreparedSource], tok_fp: str) -> str:
@@ -170,43 +229,56 @@ def build_corpus(recipe: RecipeConfig | str, home: str | os.PathLike | None = No
     return Corpus(target)
 
 
-def _collect(recipe: RecipeConfig, prepared: list[PreparedSource], log,
-             progress: bool | None = None) -> tuple[dict, dict]:
-    """Read every source; exact de-duplication across the corpus; per-source then per-domain caps."""
+def _collect(recipe: RecipeConfig, prepared: list[PreparedSource], log, progress: bool | None = None,
+             spool: Spool | None = None) -> tuple[dict[str, list[tuple[bytes, int, Spooled]]], Counter]:
+    """Read every source; exact de-duplication across the corpus; per-source then per-domain caps.
+
+    Returns each domain's selection as (digest, UTF-8 bytes, ``Spooled``) in digest order; the texts
+    are in ``spool`` (default: a temporary folder removed at exit, for callers that only look).
+    """
     from tqdm.auto import tqdm
 
+    if spool is None:
+        spool = Spool(Path(tempfile.mkdtemp(prefix="basecap-spool-")))
+        atexit.register(shutil.rmtree, spool.folder, True)
     seen: set[bytes] = set()
     dup = Counter()
     domain_sel = {d: BottomK(cfg.max_bytes) for d, cfg in recipe.domains.items()}
-    for prep in prepared:
-        if prep.status != "ok":
-            continue
-        t0 = time.perf_counter()
-        # without a source cap, documents go straight to their domain's selection (the same result,
-        # since a selection does not depend on the order it sees documents in), so memory stays
-        # bounded by the domain caps instead of holding everything the source has
-        cap = prep.config.max_bytes
-        per_domain: dict[str, BottomK] = defaultdict(lambda cap=cap: BottomK(cap)) if cap else domain_sel
-        bar = tqdm(total=len(prep.files), unit="file", desc=f"reading {prep.id}", file=sys.stderr, leave=False,
-                   disable=True if len(prep.files) < 2 else None if progress is None else not progress)
-        for doc in read_source(prep):
-            bar.update(prep.stats["files"] - bar.n)
-            digest = doc_digest(doc.text)
-            if digest in seen:
-                prep.stats["duplicates"] += 1
-                dup[doc.domain] += 1
+    try:
+        for prep in prepared:
+            if prep.status != "ok":
                 continue
-            seen.add(digest)
-            per_domain[doc.domain].add(digest, len(doc.text.encode("utf-8")), doc)
-        for domain, sel in per_domain.items() if cap else ():
-            for digest, n, doc in sel.items():
-                domain_sel[domain].add(digest, n, doc)
-        bar.close()
-        s = prep.stats
-        log(f"  source {prep.id}: {s['records']} documents, {s['bytes_read'] / 1e6:.1f} MB, "
-            f"{s['duplicates']} duplicates, {s['bad_bytes']} bad bytes, {s['malformed']} malformed "
-            f"({time.perf_counter() - t0:.1f} s)")
-    return {d: sel.items() for d, sel in domain_sel.items()}, dup
+            t0 = time.perf_counter()
+            # without a source cap, documents go straight to their domain's selection (the same result,
+            # since a selection does not depend on the order it sees documents in), so the spool holds
+            # about what the domain caps keep instead of everything the source has
+            cap = prep.config.max_bytes
+            per_domain: dict[str, BottomK] = defaultdict(lambda cap=cap: BottomK(cap)) if cap else domain_sel
+            bar = tqdm(total=len(prep.files), unit="file", desc=f"reading {prep.id}", file=sys.stderr, leave=False,
+                       disable=True if len(prep.files) < 2 else None if progress is None else not progress)
+            for doc in read_source(prep):
+                bar.update(prep.stats["files"] - bar.n)
+                digest = doc_digest(doc.text)
+                if digest in seen:
+                    prep.stats["duplicates"] += 1
+                    dup[doc.domain] += 1
+                    continue
+                seen.add(digest)
+                sel = per_domain[doc.domain]
+                if sel.admits(digest):
+                    raw = doc.text.encode("utf-8")
+                    sel.add(digest, len(raw), Spooled(spool.write(doc.domain, raw), doc.source, doc.origin))
+            for domain, sel in per_domain.items() if cap else ():
+                for digest, n, rec in sel.items():
+                    domain_sel[domain].add(digest, n, rec)
+            bar.close()
+            s = prep.stats
+            log(f"  source {prep.id}: {s['records']} documents, {s['bytes_read'] / 1e6:.1f} MB, "
+                f"{s['duplicates']} duplicates, {s['bad_bytes']} bad bytes, {s['malformed']} malformed "
+                f"({time.perf_counter() - t0:.1f} s)")
+    finally:
+        spool.close()
+    return {d: domain_sel.pop(d).items() for d in list(domain_sel)}, dup  # frees each heap as it goes
 
 
 def _assign_splits(u: np.ndarray, ntok: np.ndarray, recipe: RecipeConfig) -> np.ndarray:
@@ -232,7 +304,10 @@ def _assign_splits(u: np.ndarray, ntok: np.ndarray, recipe: RecipeConfig) -> np.
 
 def _build_into(out: Path, recipe: RecipeConfig, prepared: list[PreparedSource], key: str, log,
                 workers: int = 1, progress: bool | None = None) -> None:
-    selected, dup = _collect(recipe, prepared, log, progress)
+    work = out / "work"
+    work.mkdir(exist_ok=True)
+    spool = Spool(work / "spool")
+    selected, dup = _collect(recipe, prepared, log, progress, spool)
     skipped_domains = {}
     for d, items in list(selected.items()):
         if not items:
@@ -244,9 +319,7 @@ def _build_into(out: Path, recipe: RecipeConfig, prepared: list[PreparedSource],
             log(f"  domain {d}: skipped, no documents from {srcs}")
             del selected[d]
 
-    work = out / "work"
-    work.mkdir(exist_ok=True)
-    tok_info, eot_token = _tokenizer(out, work, recipe, selected, log)
+    tok_info, eot_token = _tokenizer(out, work, recipe, selected, spool, log)
     tok, eot_id = load_tokenizer(out / "tokenizer.json", eot_token)
     vocab = tok.get_vocab_size()
     dtype = np.uint16 if vocab <= 65535 else np.uint32
@@ -259,30 +332,36 @@ def _build_into(out: Path, recipe: RecipeConfig, prepared: list[PreparedSource],
         order = np.argsort(keys[d], kind="stable")
         units[d] = plan_units(d, [dg for dg, _, _ in items], [n for _, n, _ in items], order,
                               tok_sha + np.dtype(dtype).name, recipe.build.unit_bytes)
+
+    def texts(u: Unit) -> FileTexts:  # locations only: the worker reads the text
+        items = selected[u.group]
+        return FileTexts(str(spool.path(u.group)), tuple((items[i][2].offset, items[i][1]) for i in u.docs))
+
     t0 = time.perf_counter()
-    run_units([u for us in units.values() for u in us], lambda u: [selected[u.group][i][2].text for i in u.docs],
+    run_units([u for us in units.values() for u in us], texts,
               work / "units", out / "tokenizer.json", eot_token, eot_id, dtype, workers, progress, log)
     log(f"  tokenised in {time.perf_counter() - t0:.1f} s")
 
     (out / "tokens").mkdir(exist_ok=True)
-    domains_info, doc_rows = {}, []
-    for d, items in selected.items():
-        info = {"role": recipe.domains[d].role, "description": recipe.domains[d].description,
-                "duplicates_removed": dup[d], "splits": {}}
-        info["splits"], rows = _write_shards(out, d, items, keys[d], units[d], work / "units", recipe, log)
-        doc_rows += rows
-        info["documents"] = len(items)
-        info["bytes"] = sum(n for _, n, _ in items)
-        info["tokens"] = sum(s["tokens"] for s in info["splits"].values())
-        domains_info[d] = info
+    domains_info = {}
+    with open(out / "documents.tsv", "w", encoding="utf-8") as tsv:
+        tsv.write("domain\tsplit\tdigest\tbytes\ttokens\tsource\torigin\n")
+        for d, items in selected.items():
+            info = {"role": recipe.domains[d].role, "description": recipe.domains[d].description,
+                    "duplicates_removed": dup[d], "splits": {}}
+            info["splits"] = _write_shards(out, d, items, keys[d], units[d], work / "units", recipe, log, tsv)
+            info["documents"] = len(items)
+            info["bytes"] = sum(n for _, n, _ in items)
+            info["tokens"] = sum(s["tokens"] for s in info["splits"].values())
+            domains_info[d] = info
     log(f"  {sum(i['tokens'] for i in domains_info.values()) / 1e6:.2f} M tokens in "
         f"{sum(len(u) for u in units.values())} units")
 
-    selected_by_source = Counter(doc.source for items in selected.values() for _, _, doc in items)
+    selected_by_source = Counter(rec.source for items in selected.values() for _, _, rec in items)
     selected_bytes = Counter()
     for items in selected.values():
-        for _, n, doc in items:
-            selected_bytes[doc.source] += n
+        for _, n, rec in items:
+            selected_bytes[rec.source] += n
     sources = []
     for p in prepared:
         c = p.config
@@ -302,21 +381,20 @@ def _build_into(out: Path, recipe: RecipeConfig, prepared: list[PreparedSource],
             entry["reason"] = p.reason
         sources.append(entry)
 
-    (out / "documents.tsv").write_text(
-        "domain\tsplit\tdigest\tbytes\ttokens\tsource\torigin\n" + "\n".join(doc_rows) + "\n", encoding="utf-8")
     manifest = {
         "format": MANIFEST_FORMAT, "pipeline_version": PIPELINE_VERSION, "key": key,
         "recipe_name": recipe.name, "recipe": recipe.model_dump(mode="json", exclude={"build"}),
         "dtype": np.dtype(dtype).name, "tokenizer": tok_info, "splits": list(SPLITS),
         "domains": domains_info, "skipped_domains": skipped_domains, "sources": sources,
     }
-    shutil.rmtree(work)  # the finished corpus holds no work files; the manifest comes last
+    shutil.rmtree(work)  # the finished corpus holds no work files (units, spool); the manifest comes last
     tmp = out / "manifest.json.tmp"
     tmp.write_text(json.dumps(manifest, indent=1), encoding="utf-8")
     os.replace(tmp, out / "manifest.json")
 
 
-def _tokenizer(out: Path, work: Path, recipe: RecipeConfig, selected: dict, log) -> tuple[dict, str]:
+def _tokenizer(out: Path, work: Path, recipe: RecipeConfig, selected: dict, spool: Spool,
+               log) -> tuple[dict, str]:
     """Train (or reuse from ``work``) the BPE, or copy the given tokenizer, to ``out/tokenizer.json``."""
     tcfg = recipe.tokenizer
     if not isinstance(tcfg, BPETokenizerConfig):
@@ -325,22 +403,23 @@ def _tokenizer(out: Path, work: Path, recipe: RecipeConfig, selected: dict, log)
         eot_token = tcfg.eot_token
     else:
         cut = recipe.splits.validation + recipe.splits.test
-        sample, sample_bytes = [], {}
+        spans, sample_bytes = {}, {}  # per domain: the first documents' (offset, bytes), the last one cut
         for d, items in selected.items():
-            pool = [doc for dg, n, doc in items if split_key(dg) >= cut] or [x[2] for x in items]
-            room = tcfg.sample_bytes_per_domain
-            for doc in pool:
+            pool = [x for x in items if split_key(x[0]) >= cut] or items
+            spans[d], room = [], tcfg.sample_bytes_per_domain
+            for _, n, rec in pool:
                 if room <= 0:
                     break
-                raw = doc.text.encode("utf-8")[:room]
-                sample.append(raw.decode("utf-8", errors="ignore"))
-                room -= len(raw)
-            sample_bytes[d] = tcfg.sample_bytes_per_domain - max(room, 0)
+                spans[d].append((rec.offset, min(n, room)))
+                room -= min(n, room)
+            sample_bytes[d] = tcfg.sample_bytes_per_domain - room
         done = work / "tokenizer.json"
         if done.is_file():
             log("  tokenizer: reusing the one trained by the interrupted build")
         else:
             t0 = time.perf_counter()
+            sample = [raw.decode("utf-8", errors="ignore")  # a cut may split a character
+                      for d, sp in spans.items() for raw in read_spans(spool.path(d), sp)]
             tok = train_bpe(sample, tcfg.vocab_size, tcfg.min_frequency, length=len(sample))
             tok.save(str(work / "tokenizer.json.tmp"))
             os.replace(work / "tokenizer.json.tmp", done)
@@ -354,8 +433,11 @@ def _tokenizer(out: Path, work: Path, recipe: RecipeConfig, selected: dict, log)
 
 
 def _write_shards(out: Path, d: str, items: list, keys: np.ndarray, units: list, folder: Path,
-                  recipe: RecipeConfig, log) -> tuple[dict, list[str]]:
-    """The domain's three shards from its units (documents in split-key order within each split)."""
+                  recipe: RecipeConfig, log, tsv) -> dict:
+    """The domain's three shards from its units (documents in split-key order within each split).
+
+    Its rows of ``documents.tsv`` go straight to ``tsv``, not into a list as long as the domain.
+    """
     ntok = np.zeros(len(items), dtype=np.int64)
     for u in units:
         ntok[list(u.docs)] = load_unit(folder / u.file)[1]
@@ -378,7 +460,7 @@ def _write_shards(out: Path, d: str, items: list, keys: np.ndarray, units: list,
     finally:
         for f in files.values():
             f.close()
-    info, lines = {}, []
+    info = {}
     for name in SPLITS:
         idx = rows[name]
         info[name] = {
@@ -388,10 +470,10 @@ def _write_shards(out: Path, d: str, items: list, keys: np.ndarray, units: list,
         if not idx:
             log(f"  warning: domain {d} has an empty {name} split")
         for i in idx:
-            dg, n, doc = items[i]
-            origin = doc.origin.replace("\t", " ").replace("\n", " ")
-            lines.append(f"{d}\t{name}\t{dg.hex()}\t{n}\t{int(ntok[i])}\t{doc.source}\t{origin}")
-    return info, lines
+            dg, n, rec = items[i]
+            origin = rec.origin.replace("\t", " ").replace("\n", " ")
+            tsv.write(f"{d}\t{name}\t{dg.hex()}\t{n}\t{int(ntok[i])}\t{rec.source}\t{origin}\n")
+    return info
 
 
 def _targets(p: PreparedSource) -> set[str]:

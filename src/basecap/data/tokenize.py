@@ -6,7 +6,8 @@ in a fixed order). ``workers`` processes, each single-threaded, tokenise the uni
 under a temporary name and renamed to a file named by a hash of the unit's documents and of the
 tokenizer. That rename is the commit: a build that was interrupted and runs again finds the
 committed units and tokenises only the rest. Units do not depend on the worker count, and callers
-assemble results in unit order, so the output does not either.
+assemble results in unit order, so the output does not either. A unit's texts may be a ``FileTexts``
+(byte ranges of a file): a job then carries locations, and the worker reads the text itself.
 """
 
 from __future__ import annotations
@@ -49,6 +50,33 @@ class Unit:
         return f"{self.group}-{self.index:05d}-{self.key[:20]}.npz"
 
 
+@dataclass(frozen=True)
+class FileTexts:
+    """Texts stored as UTF-8 byte ranges ``(offset, length)`` of one file, read only when iterated.
+
+    Sent to a worker instead of the texts, so neither the parent nor the job queue holds them.
+    """
+
+    path: str
+    spans: tuple[tuple[int, int], ...]
+
+    def __len__(self) -> int:
+        return len(self.spans)
+
+    def __iter__(self) -> Iterator[str]:
+        return (raw.decode("utf-8") for raw in read_spans(self.path, self.spans))
+
+
+def read_spans(path: str | os.PathLike, spans: Sequence[tuple[int, int]]) -> list[bytes]:
+    """The bytes at each ``(offset, length)`` of ``path``, read in file order (forward on disk), in the given order."""
+    out = [b""] * len(spans)
+    with open(path, "rb") as f:
+        for i in sorted(range(len(spans)), key=lambda i: spans[i][0]):
+            f.seek(spans[i][0])
+            out[i] = f.read(spans[i][1])
+    return out
+
+
 def plan_units(group: str, digests: Sequence[bytes], nbytes: Sequence[int], order: Sequence[int],
                tokenizer_sha: str, unit_bytes: int) -> list[Unit]:
     """Consecutive documents of ``order`` in units that close once they hold ``unit_bytes`` of text."""
@@ -71,7 +99,7 @@ def plan_units(group: str, digests: Sequence[bytes], nbytes: Sequence[int], orde
     return units
 
 
-def encode_texts(tok, texts: Sequence[str], eot_id: int, dtype) -> tuple[np.ndarray, np.ndarray]:
+def encode_texts(tok, texts: Sequence[str] | FileTexts, eot_id: int, dtype) -> tuple[np.ndarray, np.ndarray]:
     """(every text's ids followed by ``eot_id``, flat; ids per text without the separator)."""
     sep = np.array([eot_id], dtype=dtype)
     lengths = np.empty(len(texts), dtype=np.int64)
@@ -107,7 +135,7 @@ def _init_worker(tokenizer_path: str, eot_token: str) -> None:
     _worker_tok, _ = load_tokenizer(tokenizer_path, eot_token)
 
 
-def _encode_unit(job: tuple[list[str], str, int, str]) -> None:
+def _encode_unit(job: tuple[Sequence[str] | FileTexts, str, int, str]) -> None:
     texts, path, eot_id, dtype = job
     _commit(Path(path), *encode_texts(_worker_tok, texts, eot_id, np.dtype(dtype)))
 
@@ -137,10 +165,13 @@ def _pool(workers: int, initargs: tuple):
         pool.join()
 
 
-def run_units(units: list[Unit], texts: Callable[[Unit], list[str]], folder: Path, tokenizer_path: Path,
+def run_units(units: list[Unit], texts: Callable[[Unit], Sequence[str] | FileTexts], folder: Path, tokenizer_path: Path,
               eot_token: str, eot_id: int, dtype, workers: int, progress: bool | None = None,
               log: Callable[[str], None] = print, desc: str = "tokenising") -> int:
-    """Tokenise every unit not yet committed in ``folder``; returns how many were already there."""
+    """Tokenise every unit not yet committed in ``folder``; returns how many were already there.
+
+    ``texts(unit)``: the unit's texts in order, or a ``FileTexts`` that the worker reads.
+    """
     folder.mkdir(parents=True, exist_ok=True)
     for stale in folder.glob("*.tmp-*"):  # a worker stopped mid-write
         stale.unlink(missing_ok=True)
