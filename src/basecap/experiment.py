@@ -38,6 +38,14 @@ def suite_dir(run_dir: Path, spec: dict) -> Path:
     return run_dir / f"suite_{spec['name']}" if "name" in spec else run_dir
 
 
+def speed_spec(mixer) -> str:
+    """The bench's ``NAME[:key=value,...]`` for a run's mixer: its switches that differ from the defaults
+    (a sliding window is benchmarked as itself, not as full attention)."""
+    over = mixer.model_dump(exclude_defaults=True, exclude={"name", "impl"})
+    return mixer.name + (":" + ",".join(f"{k}={json.dumps(v) if not isinstance(v, str) else v}"
+                                        for k, v in sorted(over.items())) if over else "")
+
+
 def _same_options(result: Path, opts: dict) -> bool:
     """Whether a stored suite result was computed with these options (a changed experiment file recomputes it)."""
     if not result.exists():
@@ -99,7 +107,7 @@ def run_experiment(path: str | Path, overrides: list[str] | None = None, log=pri
         if not speed_json.exists():
             from .bench.mixers import main as bench_mixers
 
-            names = sorted({rc.model.mixer.name for rc in runs})
+            names = sorted({speed_spec(rc.model.mixer) for rc in runs})
             log(f"== speed: {', '.join(names)}")
             bench_mixers(["--mixers", *names, "--lengths", *map(str, exp.speed.lengths), "--contexts", *map(str, exp.speed.contexts),
                           "--reps", str(exp.speed.reps), "--out", str(speed_json.parent)])

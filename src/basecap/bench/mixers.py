@@ -3,7 +3,7 @@
 One mixer layer at the tiny preset's width (d_model 192), batch 1, fp32:
 - forward+backward time of the training form (``impl = auto``) at T = 512, 2048, 8192;
 - the step-by-step reference at T = 2048 (chunked-vs-reference speed-up);
-- per-token decode latency after prefilling a context of 1k, 4k, 16k tokens.
+- per-token decode latency after prefilling a context of 1k, 4k, 16k tokens (interleaved rounds).
 A mixer whose fast form disagrees with its reference (rel. err > 1e-4 at T = 100) is reported as
 failed and its numbers are not used. Targets (issue): stateful training form <= 2x Transformer++ at
 T = 2048 and faster at 8192; chunked >= 10x the reference at 2048; decode at 16k within 1.2x of 1k.
@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
+import time
 from pathlib import Path
 
 import torch
@@ -23,37 +25,71 @@ from .common import fwd_bwd, median_time, rel_err
 D_MODEL = 192
 
 
-def _make(name: str, **over):
+DEFAULT_VARIANTS = ["attention:window=256"]  # sliding window (the paper's W at 2k), besides every registered mixer
+
+
+def parse_spec(spec: str) -> tuple[str, dict]:
+    """``NAME`` or ``NAME:key=value,key=value`` (e.g. ``attention:window=256``) -> (name, config overrides)."""
+    name, _, rest = spec.partition(":")
+    over = {}
+    for item in filter(None, rest.split(",")):
+        key, eq, val = item.partition("=")
+        if not eq:
+            raise SystemExit(f"bench mixers: {spec!r}: expected key=value after ':', got {item!r}")
+        try:
+            over[key] = json.loads(val)
+        except ValueError:
+            over[key] = val
+    parse_mixer_config({"name": name, **over})  # a bad name or switch fails here, before any timing
+    return name, over
+
+
+def _make(spec: str, **over):
     torch.manual_seed(0)
-    cfg = parse_mixer_config({"name": name, **over})
+    name, base = parse_spec(spec)
+    cfg = parse_mixer_config({"name": name, **base, **over})
     return build_mixer(cfg, D_MODEL, max_seq_len=16384 + 64)
 
 
-def _correct(name: str) -> float | None:
-    impls = mixer_class(name).impls
+def _correct(spec: str) -> float | None:
+    impls = mixer_class(parse_spec(spec)[0]).impls
     if len(impls) < 2:
         return None
-    ref, fast = _make(name, impl=impls[0]), _make(name, impl="auto")
+    ref, fast = _make(spec, impl=impls[0]), _make(spec, impl="auto")
     x = torch.randn(1, 100, D_MODEL)
     with torch.no_grad():
         return rel_err(fast(x)[0], ref(x)[0])
 
 
-def _decode_latency(m, ctx: int, steps: int) -> float:
-    with torch.no_grad():
-        state = m.init_state(1)
-        _, state = m(torch.randn(1, ctx, D_MODEL), state)
-        tok = torch.randn(1, 1, D_MODEL)
-        holder = {"s": state}
+def _decode_latencies(m, contexts, steps: int = 16, rounds: int = 5) -> dict[int, float]:
+    """Seconds per decoded token after a prefill of each context length.
 
-        def one():
-            _, holder["s"] = m(tok, holder["s"])
-        return median_time(one, reps=steps, warmup=2)
+    Every context is prefilled first; then rounds of ``steps`` decode steps from each saved state
+    alternate over the contexts and the median round counts. Interleaving matters: timing one context
+    after the other charged the process's warm-up to whichever came first (decode at 1k measured up to
+    1.6x slower than at 16k for a constant-size state).
+    """
+    with torch.no_grad():
+        states = {}
+        for ctx in contexts:
+            _, states[ctx] = m(torch.randn(1, ctx, D_MODEL), m.init_state(1))
+        tok = torch.randn(1, 1, D_MODEL)
+        times: dict[int, list[float]] = {ctx: [] for ctx in contexts}
+        for r in range(rounds + 1):
+            for ctx in contexts:
+                s = states[ctx]  # forward never mutates a state, so every round starts from the prefill
+                t = time.perf_counter()
+                for _ in range(steps):
+                    _, s = m(tok, s)
+                if r:  # round 0 is warm-up
+                    times[ctx].append((time.perf_counter() - t) / steps)
+        return {ctx: statistics.median(v) for ctx, v in times.items()}
 
 
 def main(argv: list[str] | None = None):
     ap = argparse.ArgumentParser(prog="basecap bench mixers", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--mixers", nargs="*", default=None, help="default: every registered mixer")
+    ap.add_argument("--mixers", nargs="*", default=None,
+                    help="NAME or NAME:key=value,... (default: every registered mixer, plus attention:window=256)")
     ap.add_argument("--lengths", nargs="*", type=int, default=[512, 2048, 8192])
     ap.add_argument("--contexts", nargs="*", type=int, default=[1024, 4096, 16384])
     ap.add_argument("--ref-length", type=int, default=2048)
@@ -66,7 +102,9 @@ def main(argv: list[str] | None = None):
         args.lengths, args.contexts, args.ref_length, args.reps = [256, 1024], [512, 2048], 512, 2
     if args.threads:
         torch.set_num_threads(args.threads)
-    names = args.mixers or mixer_names()
+    names = args.mixers or [*mixer_names(), *DEFAULT_VARIANTS]
+    for spec in names:
+        parse_spec(spec)
     if "attention" not in names:
         names = ["attention", *names]
     results = {}
@@ -81,15 +119,15 @@ def main(argv: list[str] | None = None):
         for T in args.lengths:
             x = torch.randn(1, T, D_MODEL, requires_grad=True)
             row["train_s"][T] = median_time(fwd_bwd(m, x), reps=args.reps, budget_s=120)
-        impls = mixer_class(name).impls
+        impls = mixer_class(parse_spec(name)[0]).impls
         if len(impls) > 1:
             ref = _make(name, impl=impls[0])
             x = torch.randn(1, args.ref_length, D_MODEL, requires_grad=True)
-            row["ref_train_s"] = median_time(fwd_bwd(ref, x), reps=1, warmup=0)
+            fwd_bwd(ref, torch.randn(1, 64, D_MODEL, requires_grad=True))()  # warm up on a short input
+            row["ref_train_s"] = median_time(fwd_bwd(ref, x), reps=2, warmup=0)
             fast_t = median_time(fwd_bwd(m, x), reps=args.reps)
             row["speedup_vs_ref"] = row["ref_train_s"] / fast_t
-        for ctx in args.contexts:
-            row["decode_ms"][ctx] = 1e3 * _decode_latency(m, ctx, steps=16)
+        row["decode_ms"] = {ctx: 1e3 * t for ctx, t in _decode_latencies(m, args.contexts).items()}
         print(f"{name}: done", flush=True)
 
     att = results["attention"]
@@ -99,24 +137,24 @@ def main(argv: list[str] | None = None):
         if not row["ok"] or name == "attention":
             continue
         tr = row["train_s"]
-        grows = mixer_class(name)(D_MODEL, parse_mixer_config({"name": name})).state_size(c16) != \
-            mixer_class(name)(D_MODEL, parse_mixer_config({"name": name})).state_size(c1)
+        probe = _make(name)
+        grows = probe.state_size(c16) != probe.state_size(c1)
         row["targets"] = {
             f"train_{L2}_le_2x_attention": tr[L2] <= 2 * att["train_s"][L2] if L2 in tr else None,
             f"train_{L8}_faster_than_attention": tr[L8] < att["train_s"][L8] if L8 in tr else None,
             "chunked_10x_ref": (row["speedup_vs_ref"] >= 10) if "speedup_vs_ref" in row else None,
             f"decode_{c16}_within_1.2x_of_{c1}": (row["decode_ms"][c16] <= 1.2 * row["decode_ms"][c1]) if not grows else None,
         }
-    head = f"{'mixer':<16}" + "".join(f"{'fb T=' + str(T):>11}" for T in args.lengths) + f"{'x attn@' + str(L2):>11}{'x attn@' + str(L8):>11}{'ref/fast':>10}" + \
+    head = f"{'mixer':<22}" + "".join(f"{'fb T=' + str(T):>11}" for T in args.lengths) + f"{'x attn@' + str(L2):>11}{'x attn@' + str(L8):>11}{'ref/fast':>10}" + \
         "".join(f"{'dec@' + str(c):>11}" for c in args.contexts) + f"{'  dec ' + str(c16) + '/' + str(c1):>13}"
     print("\nforward+backward seconds (B=1, d_model 192), decode ms/token; ratios against attention (Transformer++)")
     print(head)
     for name, row in results.items():
         if not row["ok"]:
-            print(f"{name:<16}FAILED correctness (rel err {row['correct_rel_err']:.2e})")
+            print(f"{name:<22}FAILED correctness (rel err {row['correct_rel_err']:.2e})")
             continue
         tr = row["train_s"]
-        line = f"{name:<16}" + "".join(f"{tr[T]:>11.3f}" for T in args.lengths)
+        line = f"{name:<22}" + "".join(f"{tr[T]:>11.3f}" for T in args.lengths)
         line += f"{tr[L2] / att['train_s'][L2]:>11.2f}{tr[L8] / att['train_s'][L8]:>11.2f}"
         line += f"{row.get('speedup_vs_ref', float('nan')):>10.1f}"
         line += "".join(f"{row['decode_ms'][c]:>11.2f}" for c in args.contexts)

@@ -79,6 +79,7 @@ class Attention(Mixer):
         {"head_dim": 8, "position": "none", "temperature": 0.5},
         {"head_dim": 8, "position": "alibi"},
         {"head_dim": 8, "window": 5},
+        {"head_dim": 8, "window": 7, "position": "alibi"},
         {"head_dim": 8, "position": "none", "score": "random_constant"},
     ]
 
@@ -134,7 +135,43 @@ class Attention(Mixer):
             return (torch.softmax(s, dim=-1) @ v.float()).to(v.dtype)
         if plain_causal:
             return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
+        if cfg.window and q.shape[2] >= 2 * cfg.window:
+            return self._attend_blocked(q, k, v, scale)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=self._bias(q_pos, k_pos).to(q.dtype), scale=scale)
+
+    def _attend_blocked(self, q, k, v, scale: float) -> torch.Tensor:
+        """Sliding-window attention in O(T W): queries in blocks of W, each block against its own
+        2W - 1 keys (the block and the W - 1 before it), instead of a T x T masked score matrix.
+
+        The queries are the last Tq of the Tk keys (a cache prefix may precede them). Within every
+        block, query i sees window keys i .. i + W - 1, so one [W, 2W - 1] mask (and ALiBi bias) serves
+        all blocks; keys before position 0 are zero padding, masked in the first block.
+        """
+        cfg, W = self.cfg, self.cfg.window
+        B, H, Tq, D = q.shape
+        Tk = k.shape[2]
+        n = -(-Tq // W)
+        L = 2 * W - 1
+        have = min(Tk, Tq + W - 1)  # keys any query can see: the last Tq + W - 1
+        lead = Tq + W - 1 - have  # zero keys in front (no cache, or a short one)
+        tail = n * W - Tq  # zero queries and keys behind, to fill the last block
+
+        def pad(x, front, back):
+            return F.pad(x, (0, 0, front, back))
+
+        kb = pad(k[:, :, Tk - have:], lead, tail).unfold(2, L, W).transpose(-1, -2)  # [B, H, n, L, D]
+        vb = pad(v[:, :, Tk - have:], lead, tail).unfold(2, L, W).transpose(-1, -2)
+        qb = pad(q, 0, tail).view(B, H, n, W, D)
+        i = torch.arange(W, device=q.device)[:, None]
+        j = torch.arange(L, device=q.device)[None, :]
+        rel = i + W - 1 - j  # query position minus key position
+        visible = (rel >= 0) & (rel < W)
+        visible = visible & (torch.arange(n, device=q.device)[:, None, None] * W + j >= lead)  # [n, W, L]
+        bias = torch.zeros(visible.shape, device=q.device).masked_fill(~visible, float("-inf"))
+        if cfg.position == "alibi":
+            bias = bias[None] - self.slopes[:, None, None, None] * rel.clamp(min=0).float() / cfg.temperature  # [H, n, W, L]
+        y = F.scaled_dot_product_attention(qb, kb, vb, attn_mask=bias.to(q.dtype), scale=scale)
+        return y.reshape(B, H, n * W, D)[:, :, :Tq]
 
     # ---- contract --------------------------------------------------------------------------
     def forward(self, x: torch.Tensor, state: State | None = None):
