@@ -61,7 +61,7 @@ def _correct(spec: str) -> float | None:
         return rel_err(fast(x)[0], ref(x)[0])
 
 
-def _decode_latencies(m, contexts, steps: int = 16, rounds: int = 5) -> dict[int, float]:
+def _decode_latencies(m, contexts, steps: int = 16, rounds: int = 9) -> dict[int, float]:
     """Seconds per decoded token after a prefill of each context length.
 
     Every context is prefilled first; then rounds of ``steps`` decode steps from each saved state
