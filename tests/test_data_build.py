@@ -215,9 +215,10 @@ def test_failure_before_any_work_leaves_nothing(tmp_path, monkeypatch):
     data = make_tiny_data(tmp_path / "data")
 
     def boom(*a, **k):
-        raise RuntimeError("no tokenizer today")
+        raise RuntimeError("no reading today")
 
-    monkeypatch.setattr(build_mod, "train_bpe", boom)
+    # failing while the sources are read: nothing committed yet (a finished collection is kept, see test_data_spool)
+    monkeypatch.setattr(build_mod, "read_source", boom)
     with pytest.raises(RuntimeError):
         build_corpus(recipe_from_dict(tiny_recipe(data)), home=tmp_path / "home", log=_quiet)
     assert [p.name for p in (tmp_path / "home" / "corpora").iterdir() if not p.name.startswith(".lock-")] == []

@@ -147,9 +147,16 @@ def test_interrupted_build_keeps_its_spool_in_work_and_resumes(built, tmp_path, 
     assert sorted(p.name for p in (work / "spool").iterdir()) == ["arxiv.txt", "commoncrawl.txt"]
     assert len(list((work / "units").glob("*.npz"))) == 2
 
+    assert (work / "collected.pkl").is_file()  # the finished collection is committed too
+
+    def no_reading(prep):
+        raise AssertionError(f"source {prep.id} read again on resume")
+
     monkeypatch.setattr(tokenize_mod, "_committed", lambda unit: None)
+    monkeypatch.setattr(build_mod, "read_source", no_reading)
     msgs = []
     again = build_corpus(recipe, home=tmp_path / "home", log=msgs.append)
+    assert any("sources already read (resumed)" in m for m in msgs)
     assert any("2 already committed (resumed)" in m for m in msgs)
     assert again.dir.name == corpus.dir.name and not (again.dir / "work").exists()
     for f in sorted(p for p in corpus.dir.rglob("*") if p.is_file()):

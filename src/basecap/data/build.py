@@ -19,6 +19,7 @@ import hashlib
 import heapq
 import json
 import os
+import pickle
 import shutil
 import sys
 import tempfile
@@ -103,9 +104,12 @@ class Spool:
     domain cap evicts later stays in the file unused: disk, at most the text read, instead of memory.
     """
 
-    def __init__(self, folder: Path):
-        shutil.rmtree(folder, ignore_errors=True)  # an interrupted build's: its sources are read again
-        folder.mkdir(parents=True)
+    def __init__(self, folder: Path, reuse: bool = False):
+        """``reuse``: open a finished collection's spool as it is (a resumed build); otherwise start empty
+        (an interrupted collection's partial spool is discarded: its sources are read again)."""
+        if not reuse:
+            shutil.rmtree(folder, ignore_errors=True)
+            folder.mkdir(parents=True)
         self.folder = folder
         self.files: dict[str, BinaryIO] = {}
         self.size: Counter = Counter()
@@ -218,7 +222,9 @@ def build_corpus(recipe: RecipeConfig | str, home: str | os.PathLike | None = No
         try:
             _build_into(tmp, recipe, prepared, key, log, workers, progress)
         except BaseException:
-            if not any((tmp / "work").rglob("*.npz")) and not (tmp / "work" / "tokenizer.json").is_file():
+            work = tmp / "work"
+            if not ((work / "collected.pkl").is_file() or (work / "tokenizer.json").is_file()
+                    or any(work.rglob("*.npz"))):
                 shutil.rmtree(tmp, ignore_errors=True)  # nothing worth resuming
             else:
                 log(f"corpus {target.name}: build stopped; its finished work is kept in {tmp} "
@@ -281,6 +287,26 @@ def _collect(recipe: RecipeConfig, prepared: list[PreparedSource], log, progress
     return {d: domain_sel.pop(d).items() for d in list(domain_sel)}, dup  # frees each heap as it goes
 
 
+def _save_collected(path: Path, selected: dict, dup: Counter, prepared: list[PreparedSource]) -> None:
+    """Commit the finished collection (selection records, duplicate counts, per-source statistics) next to
+    its spool, so a build interrupted later does not read every source again (hours at SlimPajama scale)."""
+    state = {"selected": selected, "dup": dup,
+             "sources": {p.id: (p.stats, p.unmapped) for p in prepared if p.status == "ok"}}
+    tmp = path.with_suffix(".tmp")
+    with open(tmp, "wb") as f:
+        pickle.dump(state, f, protocol=pickle.HIGHEST_PROTOCOL)
+    os.replace(tmp, path)
+
+
+def _load_collected(path: Path, prepared: list[PreparedSource]) -> tuple[dict, Counter]:
+    with open(path, "rb") as f:
+        state = pickle.load(f)  # noqa: S301 - our own work file, written by _save_collected
+    for p in prepared:
+        if p.id in state["sources"]:
+            p.stats, p.unmapped = state["sources"][p.id]
+    return state["selected"], state["dup"]
+
+
 def _assign_splits(u: np.ndarray, ntok: np.ndarray, recipe: RecipeConfig) -> np.ndarray:
     """0 train, 1 validation, 2 test: by hash fraction, topped up to the minimum token counts.
 
@@ -306,8 +332,15 @@ def _build_into(out: Path, recipe: RecipeConfig, prepared: list[PreparedSource],
                 workers: int = 1, progress: bool | None = None) -> None:
     work = out / "work"
     work.mkdir(exist_ok=True)
-    spool = Spool(work / "spool")
-    selected, dup = _collect(recipe, prepared, log, progress, spool)
+    done = work / "collected.pkl"
+    if done.is_file():  # an interrupted build whose sources were all read: reuse the selection and its spool
+        spool = Spool(work / "spool", reuse=True)
+        selected, dup = _load_collected(done, prepared)
+        log(f"  sources already read (resumed): {sum(len(v) for v in selected.values())} documents selected")
+    else:
+        spool = Spool(work / "spool")
+        selected, dup = _collect(recipe, prepared, log, progress, spool)
+        _save_collected(done, selected, dup, prepared)
     skipped_domains = {}
     for d, items in list(selected.items()):
         if not items:
