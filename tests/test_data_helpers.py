@@ -139,3 +139,13 @@ def write_hf_disk(folder: Path, tables: list) -> Path:
     (folder / "state.json").write_text(json.dumps(state), encoding="utf-8")
     (folder / "dataset_info.json").write_text(json.dumps({"features": {}}), encoding="utf-8")
     return folder
+
+
+def interrupt_after(n: int, calls: list):
+    """A stand-in for ``tokenize._committed``: records each committed unit's file in ``calls`` and raises
+    KeyboardInterrupt at the n-th, as if the build were stopped there."""
+    def hook(unit):
+        calls.append(unit.file)
+        if len(calls) == n:
+            raise KeyboardInterrupt
+    return hook

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_data_helpers import make_tiny_data, tiny_recipe
+from test_data_helpers import interrupt_after, make_tiny_data, tiny_recipe
 
 from basecap.data import build_corpus, recipe_from_dict
 from basecap.data import tokenize as tokenize_mod
@@ -52,13 +52,7 @@ def test_worker_count_does_not_change_the_corpus(one_worker, tmp_path):
 def test_interrupted_build_resumes_from_committed_units(one_worker, tmp_path, monkeypatch):
     data, corpus, _ = one_worker
     calls = []
-
-    def stop_after_three(unit):
-        calls.append(unit.file)
-        if len(calls) == 3:
-            raise KeyboardInterrupt
-
-    monkeypatch.setattr(tokenize_mod, "_committed", stop_after_three)
+    monkeypatch.setattr(tokenize_mod, "_committed", interrupt_after(3, calls))
     msgs = []
     with pytest.raises(KeyboardInterrupt):
         build_corpus(_recipe(data), home=tmp_path / "home", log=msgs.append, workers=2)

@@ -6,7 +6,7 @@ import random
 import tracemalloc
 
 import pytest
-from test_data_helpers import WORDS, slimpajama_records, write_jsonl_zst
+from test_data_helpers import WORDS, interrupt_after, slimpajama_records, write_jsonl_zst
 
 from basecap.data import build as build_mod
 from basecap.data import build_corpus, recipe_from_dict
@@ -132,14 +132,7 @@ def test_selection_records_hold_no_text(tmp_path):
 
 def test_interrupted_build_keeps_its_spool_in_work_and_resumes(built, tmp_path, monkeypatch):
     root, _, corpus, _, _ = built
-    seen = []
-
-    def stop_after_two(unit):
-        seen.append(unit.file)
-        if len(seen) == 2:
-            raise KeyboardInterrupt
-
-    monkeypatch.setattr(tokenize_mod, "_committed", stop_after_two)
+    monkeypatch.setattr(tokenize_mod, "_committed", interrupt_after(2, []))
     recipe = recipe_from_dict(_recipe(root, workers=1))
     with pytest.raises(KeyboardInterrupt):
         build_corpus(recipe, home=tmp_path / "home", log=lambda m: None)
