@@ -80,6 +80,8 @@ def test_suite_results_and_speed_appear_in_the_report(tmp_path):
         # ref: MQAR trained with each run's seed; ssm: a fixed MQAR seed, one result copied to both runs
         mq = {"suite": "mqar", "runs": [{"d_model": 64, "acc": acc, "mean_acc": sum(acc.values()) / 2, "state_bytes": 4096,
                                          "seed": i if ref else 0}]}
+        if ref:  # a width sweep: a second point on ref's curve
+            mq["runs"].append({"d_model": 32, "acc": {"1": 0.5, "4": 0.1}, "mean_acc": 0.3, "state_bytes": 2048, "seed": i})
         (d / "eval_mqar.json").write_text(json.dumps(mq))
         (d / "suite_zeroshot").mkdir()
         (d / "suite_zeroshot" / "eval_lm-eval.json").write_text(json.dumps(
@@ -91,6 +93,7 @@ def test_suite_results_and_speed_appear_in_the_report(tmp_path):
     text = report(dirs, tmp_path / "rep", reference="ref", speed_json=speed).read_text()
     assert "## Associative recall: mqar" in text and "| ssm | 64 | 1 | 4,096 | 0.80 | 0.30 | 0.550 |" in text
     assert "| ref | 64 | 2 | 4,096 | 1.00 ± 0.00 | 0.90 ± 0.00 | 0.950 ± 0.000 |" in text
+    assert "| ref | 32 | 2 | 2,048 | 0.50 ± 0.00 | 0.10 ± 0.00 | 0.300 ± 0.000 |" in text
     assert "## lm-evaluation-harness: lm-eval (zeroshot)" in text and "0.350 ± 0.000" in text
     assert "## Speed against sequence length" in text and "0.050 (0.50x)" in text
     assert (tmp_path / "rep" / "recall_vs_state_mqar.png").exists()

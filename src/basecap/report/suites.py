@@ -68,8 +68,15 @@ def _mqar(label, per_run, out: Path):
         import matplotlib.pyplot as plt
 
         fig, ax = plt.subplots(figsize=(6, 4))
-        for name, d, state, (m, s) in pts:
-            ax.errorbar([state], [m], yerr=[s or 0], fmt="o", capsize=3, label=f"{name} (d={d})")
+        by_name = defaultdict(list)
+        for name, d, state, ms in pts:
+            by_name[name].append((state, d, ms))
+        for name, rows in by_name.items():  # one curve per architecture over its widths (Zoology's figure)
+            rows.sort()
+            ax.errorbar([r[0] for r in rows], [r[2][0] for r in rows], yerr=[r[2][1] or 0 for r in rows], fmt="-o",
+                        capsize=3, label=name)
+            for state, d, (m, _) in rows:
+                ax.annotate(f"d={d}", (state, m), textcoords="offset points", xytext=(3, 3), fontsize=6)
         ax.set(xscale="log", xlabel="recurrent state bytes per sequence", ylabel="MQAR accuracy (mean over pair counts)",
                title="Recall against state size")
         ax.legend(fontsize=7)
