@@ -39,15 +39,22 @@ def count_params(model_cfg) -> int:
     return _count(model_cfg.model_copy(update={"match_params": False}).model_dump_json())
 
 
-def matched_mixer(model_cfg):
-    """For architectures without a feed-forward block (Mamba): the mixer config whose integer
-    ``expand`` brings the non-embedding parameters closest to Transformer++ at this depth/width."""
-    mixer = model_cfg.mixer
-    if "hidden_mult" in type(model_cfg.mlp).model_fields or "expand" not in type(mixer).model_fields:
-        return mixer
+def _matching_target(model_cfg) -> tuple[dict, int]:
+    """(the config as a plain dict with matching switched off, Transformer++'s non-embedding count at the
+    same depth and width): what both matchers below solve against."""
     base = model_cfg.model_dump()
     base.update({"match_params": False, "preset": None, "layer_mixers": {}})
     target = _count(type(model_cfg).model_validate(dict(base, mixer=REFERENCE_MIXER, mlp={"name": "swiglu"})).model_dump_json())
+    return base, target
+
+
+def matched_mixer(model_cfg):
+    """For architectures without a feed-forward block (Mamba): the mixer config whose ``expand``
+    (rounded to 4 decimals; the mixer rounds d_inner to a multiple of 8 or of the head size) brings the non-embedding parameters closest to Transformer++ at this depth/width."""
+    mixer = model_cfg.mixer
+    if "hidden_mult" in type(model_cfg.mlp).model_fields or "expand" not in type(mixer).model_fields:
+        return mixer
+    base, target = _matching_target(model_cfg)
 
     def count_with(expand):
         return _count(type(model_cfg).model_validate(dict(base, mixer=dict(mixer.model_dump(), expand=expand))).model_dump_json())
@@ -72,9 +79,7 @@ def matched_mlp(model_cfg):
         return mlp  # Transformer++ itself
     if "hidden_mult" not in type(mlp).model_fields:
         return mlp
-    base = model_cfg.model_dump()
-    base.update({"match_params": False, "preset": None, "layer_mixers": {}})
-    target = _count(type(model_cfg).model_validate(dict(base, mixer=REFERENCE_MIXER, mlp={"name": "swiglu"})).model_dump_json())
+    base, target = _matching_target(model_cfg)
 
     def count_with(mult):
         return _count(type(model_cfg).model_validate(dict(base, mlp=dict(mlp.model_dump(), hidden_mult=mult))).model_dump_json())

@@ -227,6 +227,15 @@ def _malformed(prep: PreparedSource, where: str, why: str) -> None:
         warnings.warn(f"{where}: malformed record skipped ({why})", MalformedRecordWarning, stacklevel=3)
 
 
+def _mapped_domain(prep: PreparedSource, label) -> str | None:
+    """The domain a record's label (e.g. ``meta.redpajama_set_name``) maps to, or None (counted as unmapped)."""
+    label = "<missing>" if label is None else str(label)
+    if label not in prep.config.domain_map:
+        prep.unmapped[label] += 1
+        return None
+    return prep.config.domain_map[label]
+
+
 def _make_doc(prep: PreparedSource, domain: str, raw: bytes | None, origin: str,
               text: str | None = None, bad: int = 0) -> Doc | None:
     if raw is not None:
@@ -354,14 +363,9 @@ def _read_jsonl(prep: PreparedSource) -> Iterator[Doc]:
             if not isinstance(value, str):
                 _malformed(prep, f"{path}:{lineno}", f"no string field {src.text_field!r}")
                 continue
-            domain = src.domain
-            if src.domain_field is not None:
-                label = _get_field(obj, src.domain_field)
-                label = "<missing>" if label is None else str(label)
-                if label not in src.domain_map:
-                    prep.unmapped[label] += 1
-                    continue
-                domain = src.domain_map[label]
+            domain = src.domain if src.domain_field is None else _mapped_domain(prep, _get_field(obj, src.domain_field))
+            if domain is None:
+                continue
             doc = _make_doc(prep, domain, None, f"{path.name}:{lineno}", value, bad)
             if doc is not None:
                 yield doc

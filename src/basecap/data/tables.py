@@ -23,6 +23,7 @@ from .sources import (
     _get_field,
     _make_doc,
     _malformed,
+    _mapped_domain,
 )
 from .text import Doc, decode_utf8
 
@@ -156,13 +157,9 @@ def read_table(prep: PreparedSource) -> Iterator[Doc]:
                     if not isinstance(value, str):
                         _malformed(prep, where, f"no string field {src.text_field!r}")
                         continue
-                    domain = src.domain
-                    if labels is not None:
-                        label = "<missing>" if labels[i] is None else str(labels[i])
-                        if label not in src.domain_map:
-                            prep.unmapped[label] += 1
-                            continue
-                        domain = src.domain_map[label]
+                    domain = src.domain if labels is None else _mapped_domain(prep, labels[i])
+                    if domain is None:
+                        continue
                     doc = _make_doc(prep, domain, None, f"{path.name} row {row + i}", value, bad)
                     if doc is not None:
                         yield doc
