@@ -101,10 +101,12 @@ reps = 1
     # with a fixed seed the from-scratch MQAR result is computed once per architecture and reused
     assert (runs / "tpp-s1" / "eval_mqar.json").read_bytes() == (runs / "tpp-s0" / "eval_mqar.json").read_bytes()
     # an unchanged experiment reuses the stored result; a changed suite option recomputes it
-    before = (runs / "tpp-s0" / "eval_mqar.json").stat().st_mtime_ns
+    speed = runs / "speed" / "mixers.json"
+    before = (runs / "tpp-s0" / "eval_mqar.json").stat().st_mtime_ns, speed.stat().st_mtime_ns
     assert main(["run", str(p)]) == 0
-    assert (runs / "tpp-s0" / "eval_mqar.json").stat().st_mtime_ns == before
-    p.write_text(p.read_text().replace("steps = 10", "steps = 12"))
+    assert ((runs / "tpp-s0" / "eval_mqar.json").stat().st_mtime_ns, speed.stat().st_mtime_ns) == before
+    p.write_text(p.read_text().replace("steps = 10", "steps = 12").replace("lengths = [16]", "lengths = [16, 24]"))
     assert main(["run", str(p)]) == 0
     for s in ("s0", "s1"):
         assert json.loads((runs / f"tpp-{s}" / "eval_mqar.json").read_text())["options"]["steps"] == 12
+    assert json.loads(speed.read_text())["meta"]["grid"]["lengths"] == [16, 24]

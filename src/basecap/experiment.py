@@ -46,15 +46,17 @@ def speed_spec(mixer) -> str:
                                         for k, v in sorted(over.items())) if over else "")
 
 
+def _stored(result: Path, pick):
+    """``pick(json)`` of a stored result file, or None when it is missing or unreadable."""
+    try:
+        return pick(json.loads(result.read_text()))
+    except (OSError, ValueError):
+        return None
+
+
 def _same_options(result: Path, opts: dict) -> bool:
     """Whether a stored suite result was computed with these options (a changed experiment file recomputes it)."""
-    if not result.exists():
-        return False
-    try:
-        stored = json.loads(result.read_text()).get("options")
-    except (OSError, ValueError):
-        return False
-    return stored == json.loads(json.dumps(opts))
+    return _stored(result, lambda d: d.get("options")) == json.loads(json.dumps(opts))
 
 
 def run_suites(exp: ExperimentConfig, rc: RunConfig, run_dir: Path, log=print):
@@ -104,10 +106,11 @@ def run_experiment(path: str | Path, overrides: list[str] | None = None, log=pri
     speed_json = None
     if exp.speed is not None:
         speed_json = out / "speed" / "mixers.json"
-        if not speed_json.exists():
+        names = sorted({speed_spec(rc.model.mixer) for rc in runs})
+        grid = {"mixers": names, "lengths": exp.speed.lengths, "contexts": exp.speed.contexts, "reps": exp.speed.reps}
+        if _stored(speed_json, lambda d: {k: d.get("meta", {}).get("grid", {}).get(k) for k in grid}) != grid:
             from .bench.mixers import main as bench_mixers
 
-            names = sorted({speed_spec(rc.model.mixer) for rc in runs})
             log(f"== speed: {', '.join(names)}")
             bench_mixers(["--mixers", *names, "--lengths", *map(str, exp.speed.lengths), "--contexts", *map(str, exp.speed.contexts),
                           "--reps", str(exp.speed.reps), "--out", str(speed_json.parent)])

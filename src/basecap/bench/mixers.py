@@ -162,7 +162,9 @@ def main(argv: list[str] | None = None):
         print(line)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    meta = {"d_model": D_MODEL, "batch": 1, "threads": torch.get_num_threads(), "torch": torch.__version__}
+    meta = {"d_model": D_MODEL, "batch": 1, "threads": torch.get_num_threads(), "torch": torch.__version__,
+            "grid": {"mixers": list(args.mixers or names), "lengths": args.lengths, "contexts": args.contexts,
+                     "ref_length": args.ref_length, "reps": args.reps}}
     (out / "mixers.json").write_text(json.dumps({"meta": meta, "results": results}, indent=1))
     _plot(results, args, out / "mixers.png")
     print(f"written: {out / 'mixers.json'}, {out / 'mixers.png'}")
