@@ -83,7 +83,3 @@ def main() -> None:
     except ImportError:  # lm-eval is not installed: nothing more to prepare
         return
     print(f"basecap's lm-eval tasks: lm_eval ... --include_path {prepare_task_dir()}")
-
-
-if __name__ == "__main__":
-    main()
