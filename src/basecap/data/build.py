@@ -14,7 +14,6 @@ far larger than RAM. Workers read their units' texts from the spool.
 
 from __future__ import annotations
 
-import atexit
 import hashlib
 import heapq
 import json
@@ -22,7 +21,6 @@ import os
 import pickle
 import shutil
 import sys
-import tempfile
 import time
 from collections import Counter, defaultdict
 from contextlib import contextmanager
@@ -39,6 +37,7 @@ from .tokenize import (
     FileTexts,
     Unit,
     load_unit,
+    load_unit_lengths,
     plan_units,
     read_spans,
     run_units,
@@ -235,18 +234,15 @@ def build_corpus(recipe: RecipeConfig | str, home: str | os.PathLike | None = No
     return Corpus(target)
 
 
-def _collect(recipe: RecipeConfig, prepared: list[PreparedSource], log, progress: bool | None = None,
-             spool: Spool | None = None) -> tuple[dict[str, list[tuple[bytes, int, Spooled]]], Counter]:
+def _collect(recipe: RecipeConfig, prepared: list[PreparedSource], log, progress: bool | None = None, *,
+             spool: Spool) -> tuple[dict[str, list[tuple[bytes, int, Spooled]]], Counter]:
     """Read every source; exact de-duplication across the corpus; per-source then per-domain caps.
 
     Returns each domain's selection as (digest, UTF-8 bytes, ``Spooled``) in digest order; the texts
-    are in ``spool`` (default: a temporary folder removed at exit, for callers that only look).
+    are in ``spool``.
     """
     from tqdm.auto import tqdm
 
-    if spool is None:
-        spool = Spool(Path(tempfile.mkdtemp(prefix="basecap-spool-")))
-        atexit.register(shutil.rmtree, spool.folder, True)
     seen: set[bytes] = set()
     dup = Counter()
     domain_sel = {d: BottomK(cfg.max_bytes) for d, cfg in recipe.domains.items()}
@@ -300,7 +296,7 @@ def _save_collected(path: Path, selected: dict, dup: Counter, prepared: list[Pre
 
 def _load_collected(path: Path, prepared: list[PreparedSource]) -> tuple[dict, Counter]:
     with open(path, "rb") as f:
-        state = pickle.load(f)  # noqa: S301 - our own work file, written by _save_collected
+        state = pickle.load(f)  # our own work file, written by _save_collected
     for p in prepared:
         if p.id in state["sources"]:
             p.stats, p.unmapped = state["sources"][p.id]
@@ -339,7 +335,7 @@ def _build_into(out: Path, recipe: RecipeConfig, prepared: list[PreparedSource],
         log(f"  sources already read (resumed): {sum(len(v) for v in selected.values())} documents selected")
     else:
         spool = Spool(work / "spool")
-        selected, dup = _collect(recipe, prepared, log, progress, spool)
+        selected, dup = _collect(recipe, prepared, log, progress, spool=spool)
         _save_collected(done, selected, dup, prepared)
     skipped_domains = {}
     for d, items in list(selected.items()):
@@ -473,7 +469,7 @@ def _write_shards(out: Path, d: str, items: list, keys: np.ndarray, units: list,
     """
     ntok = np.zeros(len(items), dtype=np.int64)
     for u in units:
-        ntok[list(u.docs)] = load_unit(folder / u.file)[1]
+        ntok[list(u.docs)] = load_unit_lengths(folder / u.file)  # the splits need counts only
     split = _assign_splits(keys, ntok, recipe)
     files = {name: open(out / "tokens" / f"{d}.{name}.bin", "wb") for name in SPLITS}
     hashes = {name: hashlib.sha256() for name in SPLITS}

@@ -111,6 +111,12 @@ def encode_texts(tok, texts: Sequence[str] | FileTexts, eot_id: int, dtype) -> t
     return (np.concatenate(parts) if parts else np.zeros(0, dtype)), lengths
 
 
+def load_unit_lengths(path: Path) -> np.ndarray:
+    """Only the per-document token counts of a committed unit (its tokens stay on disk)."""
+    with np.load(path) as z:
+        return z["lengths"]
+
+
 def load_unit(path: Path) -> tuple[np.ndarray, np.ndarray]:
     """(tokens with separators, per-document token counts) of a committed unit file."""
     with np.load(path) as z:
