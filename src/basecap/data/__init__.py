@@ -13,7 +13,7 @@ from .build import build_corpus, data_home
 from .corpus import Corpus, load_corpus, summarize
 from .loader import TrainBatches, eval_batches
 from .recipe import RecipeConfig, builtin_recipes, load_recipe, recipe_from_dict
-from .sources import DataError, MalformedRecordWarning
+from .source_base import DataError, MalformedRecordWarning
 
 __all__ = [
     "Corpus",

@@ -9,7 +9,6 @@ missing comes back skipped with a reason. ``read_source`` then streams its docum
 
 from __future__ import annotations
 
-import glob
 import gzip
 import hashlib
 import json
@@ -17,13 +16,10 @@ import os
 import shutil
 import subprocess
 import sys
-import sysconfig
 import tarfile
 import tempfile
 import warnings
 import zipfile
-from collections import Counter
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -36,44 +32,23 @@ from .recipe import (
     _TableSource,
     source_id,
 )
-from .text import CLEANERS, Doc, decode_utf8, glob_match, normalize_text
+from .source_base import (
+    DataError,
+    MalformedRecordWarning,
+    PreparedSource,
+    SourceUnavailable,
+    expand_root,
+    get_field,
+    make_doc,
+    malformed,
+    mapped_domain,
+    sha256_file,
+)
+from .tables import read_table, table_files
+from .text import Doc, decode_utf8, glob_match
 
-MAX_WARNINGS_PER_SOURCE = 10
-
-
-class DataError(RuntimeError):
-    """A corpus cannot be built (a required source is missing, a checksum differs, ...)."""
-
-
-class SourceUnavailable(Exception):
-    """A source's client or files are missing; fatal unless the source is optional."""
-
-
-class MalformedRecordWarning(UserWarning):
-    """A record was skipped (and counted in the manifest) because it could not be parsed."""
-
-
-@dataclass
-class PreparedSource:
-    id: str
-    config: object
-    status: str  # "ok" or "skipped"
-    reason: str = ""
-    fingerprint: str = ""
-    origin: str = ""  # archive name or root folder, for the manifest
-    archive: Path | None = None
-    files: list[Path] = field(default_factory=list)
-    stats: Counter = field(default_factory=Counter)
-    unmapped: Counter = field(default_factory=Counter)
-    warned: int = 0
-
-
-def _sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
+__all__ = ["DataError", "MalformedRecordWarning", "PreparedSource", "SourceUnavailable", "prepare_source",
+           "read_source"]
 
 
 def _run(cmd: list[str], cwd: str, what: str) -> None:
@@ -122,18 +97,10 @@ def _fetch(kind: str, package: str, version: str, home: Path, log: Callable) -> 
     return folder / got[0].name
 
 
-def _expand_root(root: str) -> list[Path]:
-    root = root.replace("{stdlib}", sysconfig.get_paths()["stdlib"])
-    root = os.path.expandvars(os.path.expanduser(root))
-    if "$" in root:
-        raise SourceUnavailable(f"unset environment variable in {root!r}")
-    return [Path(p) for p in sorted(glob.glob(root, recursive=True))] if glob.has_magic(root) else [Path(root)]
-
-
 def _walk(src: FilesSource) -> list[tuple[Path, str]]:
     """(path, path relative to its root) for every matching file, in a fixed order."""
     out = []
-    for root in _expand_root(src.root):
+    for root in expand_root(src.root):
         if not root.is_dir():
             continue
         for dirpath, dirnames, filenames in os.walk(root):
@@ -149,7 +116,7 @@ def _walk(src: FilesSource) -> list[tuple[Path, str]]:
 def _record_files(src) -> list[Path]:
     files: list[Path] = []
     for pattern in src.paths:
-        for p in _expand_root(pattern):
+        for p in expand_root(pattern):
             if p.is_file() and p not in files:
                 files.append(p)
     return files
@@ -162,7 +129,7 @@ def prepare_source(src, index: int, home: Path, log: Callable = print) -> Prepar
         if isinstance(src, (PipSdistSource, NpmPackSource)):
             kind = "pip" if isinstance(src, PipSdistSource) else "npm"
             prep.archive = _fetch(kind, src.package, src.version, home, log)
-            prep.fingerprint = _sha256_file(prep.archive)
+            prep.fingerprint = sha256_file(prep.archive)
             prep.origin = f"{kind}: {src.package} {src.version} ({prep.archive.name})"
             if src.sha256 and src.sha256 != prep.fingerprint:
                 raise DataError(
@@ -175,15 +142,13 @@ def prepare_source(src, index: int, home: Path, log: Callable = print) -> Prepar
             prep.files = [p for p, _ in found]
             h = hashlib.sha256()
             for p, rel in found:
-                h.update(f"{rel}\0{_sha256_file(p)}\n".encode())
+                h.update(f"{rel}\0{sha256_file(p)}\n".encode())
             prep.fingerprint = h.hexdigest()
             prep.origin = f"files: {src.root} ({len(found)} files)"
         elif isinstance(src, (JsonlSource, _TableSource)):
             if isinstance(src, JsonlSource):
                 prep.files = _record_files(src)
             else:
-                from .tables import table_files
-
                 prep.files = table_files(src)
             if not prep.files:
                 raise SourceUnavailable(f"no files match {src.paths}")
@@ -193,14 +158,14 @@ def prepare_source(src, index: int, home: Path, log: Callable = print) -> Prepar
                     st = p.stat()
                     h.update(f"{p}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
                 else:
-                    h.update(f"{p}\0{_sha256_file(p)}\n".encode())
+                    h.update(f"{p}\0{sha256_file(p)}\n".encode())
             prep.fingerprint = h.hexdigest()
             prep.origin = f"{src.kind}: {len(prep.files)} files"
         elif isinstance(src, PythonTopicsSource):
             import pydoc_data.topics as topics
 
             prep.files = [Path(topics.__file__)]
-            prep.fingerprint = _sha256_file(prep.files[0])
+            prep.fingerprint = sha256_file(prep.files[0])
             prep.origin = f"python {sys.version.split()[0]}: pydoc_data/topics.py"
         else:  # pragma: no cover - the recipe union makes this unreachable
             raise DataError(f"unknown source kind {src.kind}")
@@ -212,61 +177,21 @@ def prepare_source(src, index: int, home: Path, log: Callable = print) -> Prepar
     return prep
 
 
-def _get_field(obj, dotted: str):
-    for part in dotted.split("."):
-        if not isinstance(obj, dict) or part not in obj:
-            return None
-        obj = obj[part]
-    return obj
-
-
-def _malformed(prep: PreparedSource, where: str, why: str) -> None:
-    prep.stats["malformed"] += 1
-    if prep.warned < MAX_WARNINGS_PER_SOURCE:
-        prep.warned += 1
-        warnings.warn(f"{where}: malformed record skipped ({why})", MalformedRecordWarning, stacklevel=3)
-
-
-def _mapped_domain(prep: PreparedSource, label) -> str | None:
-    """The domain a record's label (e.g. ``meta.redpajama_set_name``) maps to, or None (counted as unmapped)."""
-    label = "<missing>" if label is None else str(label)
-    if label not in prep.config.domain_map:
-        prep.unmapped[label] += 1
-        return None
-    return prep.config.domain_map[label]
-
-
-def _make_doc(prep: PreparedSource, domain: str, raw: bytes | None, origin: str,
-              text: str | None = None, bad: int = 0) -> Doc | None:
-    if raw is not None:
-        text, bad = decode_utf8(raw)
-    text = CLEANERS[prep.config.clean](normalize_text(text))
-    prep.stats["records"] += 1
-    if bad:
-        prep.stats["bad_bytes"] += bad
-        prep.stats["docs_with_bad_bytes"] += 1
-    if not text.strip():
-        prep.stats["empty"] += 1
-        return None
-    prep.stats["bytes_read"] += len(text.encode("utf-8"))
-    return Doc(domain, text, origin, bad, prep.id)
-
-
 def _from_member(prep: PreparedSource, raw: bytes, origin: str) -> Doc | None:
     src = prep.config
     if src.format == "text":
-        return _make_doc(prep, src.domain, raw, origin)
+        return make_doc(prep, src.domain, raw, origin)
     text, bad = decode_utf8(raw)
     try:
-        value = _get_field(json.loads(text), src.text_field)
+        value = get_field(json.loads(text), src.text_field)
     except json.JSONDecodeError as e:
         value, err = None, f"invalid JSON: {e.msg}"
     else:
         err = f"no string field {src.text_field!r}"
     if not isinstance(value, str):
-        _malformed(prep, origin, err)
+        malformed(prep, origin, err)
         return None
-    return _make_doc(prep, src.domain, None, origin, value, bad)
+    return make_doc(prep, src.domain, None, origin, value, bad)
 
 
 def _archive_members(path: Path) -> Iterator[tuple[str, Callable[[], bytes]]]:
@@ -357,16 +282,16 @@ def _read_jsonl(prep: PreparedSource) -> Iterator[Doc]:
             try:
                 obj = json.loads(text)
             except json.JSONDecodeError as e:
-                _malformed(prep, f"{path}:{lineno}", f"invalid JSON: {e.msg}")
+                malformed(prep, f"{path}:{lineno}", f"invalid JSON: {e.msg}")
                 continue
-            value = _get_field(obj, src.text_field)
+            value = get_field(obj, src.text_field)
             if not isinstance(value, str):
-                _malformed(prep, f"{path}:{lineno}", f"no string field {src.text_field!r}")
+                malformed(prep, f"{path}:{lineno}", f"no string field {src.text_field!r}")
                 continue
-            domain = src.domain if src.domain_field is None else _mapped_domain(prep, _get_field(obj, src.domain_field))
+            domain = src.domain if src.domain_field is None else mapped_domain(prep, get_field(obj, src.domain_field))
             if domain is None:
                 continue
-            doc = _make_doc(prep, domain, None, f"{path.name}:{lineno}", value, bad)
+            doc = make_doc(prep, domain, None, f"{path.name}:{lineno}", value, bad)
             if doc is not None:
                 yield doc
 
@@ -377,19 +302,17 @@ def read_source(prep: PreparedSource) -> Iterator[Doc]:
     if isinstance(src, JsonlSource):
         yield from _read_jsonl(prep)
     elif isinstance(src, _TableSource):
-        from .tables import read_table
-
         yield from read_table(prep)
     elif isinstance(src, PythonTopicsSource):
         from pydoc_data.topics import topics
 
         prep.stats["files"] += 1
         for name in sorted(topics):
-            doc = _make_doc(prep, src.domain, None, f"topics:{name}", topics[name], 0)
+            doc = make_doc(prep, src.domain, None, f"topics:{name}", topics[name], 0)
             if doc is not None:
                 yield doc
     elif isinstance(src, FilesSource):
-        roots = _expand_root(src.root)
+        roots = expand_root(src.root)
         for path in prep.files:
             prep.stats["files"] += 1
             raw = path.read_bytes()

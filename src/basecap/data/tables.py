@@ -14,16 +14,16 @@ from pathlib import Path
 from typing import Iterator
 
 from .recipe import HFDiskSource
-from .sources import (
+from .source_base import (
     DataError,
     MalformedRecordWarning,
     PreparedSource,
     SourceUnavailable,
-    _expand_root,
-    _get_field,
-    _make_doc,
-    _malformed,
-    _mapped_domain,
+    expand_root,
+    get_field,
+    make_doc,
+    malformed,
+    mapped_domain,
 )
 from .text import Doc, decode_utf8
 
@@ -71,7 +71,7 @@ def table_files(src) -> list[Path]:
     _pyarrow()
     files: list[Path] = []
     for pattern in src.paths:
-        for p in _expand_root(pattern):
+        for p in expand_root(pattern):
             if isinstance(src, HFDiskSource):
                 found = _hf_disk_files(p, src)
             elif p.is_dir():
@@ -123,7 +123,7 @@ def _values(batch, dotted: str) -> list:
             col = pa.compute.struct_field(col, [idx])  # null where the parent struct is null
         elif pa.types.is_string(col.type) or pa.types.is_large_string(col.type):
             rest = ".".join(parts[k:])
-            return [None if v is None else _get_field(_json(v), rest) for v in col.to_pylist()]
+            return [None if v is None else get_field(_json(v), rest) for v in col.to_pylist()]
         else:
             return [None] * n
     return col.to_pylist()
@@ -155,12 +155,12 @@ def read_table(prep: PreparedSource) -> Iterator[Doc]:
                     if isinstance(value, bytes):
                         value, bad = decode_utf8(value)
                     if not isinstance(value, str):
-                        _malformed(prep, where, f"no string field {src.text_field!r}")
+                        malformed(prep, where, f"no string field {src.text_field!r}")
                         continue
-                    domain = src.domain if labels is None else _mapped_domain(prep, labels[i])
+                    domain = src.domain if labels is None else mapped_domain(prep, labels[i])
                     if domain is None:
                         continue
-                    doc = _make_doc(prep, domain, None, f"{path.name} row {row + i}", value, bad)
+                    doc = make_doc(prep, domain, None, f"{path.name} row {row + i}", value, bad)
                     if doc is not None:
                         yield doc
                 row += batch.num_rows
