@@ -184,7 +184,8 @@ def _bootstrap_mean(data: tuple, statistic, confidence: float, n_resamples: int,
     value = float(statistic(*data))
     if n < 2:
         return {"value": value, "se": None, "ci95": None, "windows": n}
-    if np.ptp(data[0] - data[1] if paired else data[0]) == 0:  # no spread: the bootstrap distribution is a point
+    spread = data[0] - data[1] if paired else data[0]
+    if np.ptp(spread) <= 1e-12 * (1 + np.abs(spread).max()):  # no spread: the bootstrap distribution is a point
         return {"value": value, "se": 0.0, "ci95": [value, value], "windows": n}
     res = stats.bootstrap(data, statistic, n_resamples=n_resamples, paired=paired, vectorized=True,
                           confidence_level=confidence, random_state=np.random.default_rng(seed))
