@@ -4,6 +4,7 @@ import math
 
 import numpy as np
 import pytest
+from scipy import stats
 
 from basecap.report.stats import (
     BETTER, TOO_FEW, WORSE, RunCurves, apply_holm, build_comparisons, eval_noise, eval_noise_of_difference, holm,
@@ -22,6 +23,12 @@ def test_paired_test_known_values():
     assert t.ci95 == pytest.approx((0.2 - half, 0.2 + half), abs=1e-6)
     tt = 2 * math.sqrt(3)
     assert t.p == pytest.approx(1 - tt / math.sqrt(2 + tt * tt), abs=1e-9)  # two-sided p with 2 df in closed form
+
+
+def test_one_sample_test_of_differences_is_the_paired_test():
+    rng = np.random.default_rng(8)
+    run, ref = rng.normal(4.1, 0.2, 5), rng.normal(4.0, 0.2, 5)
+    assert paired_test(run - ref).p == pytest.approx(stats.ttest_rel(run, ref).pvalue, rel=1e-12)
 
 
 @pytest.mark.parametrize("n, p", [(2, 1 - 2 / math.pi * math.atan(math.sqrt(2))),  # 1 df: Cauchy
