@@ -18,9 +18,9 @@ from basecap.data import (
     recipe_from_dict,
     summarize,
 )
-from basecap.data import build as build_mod
+from basecap.data import collect as collect_mod
 from basecap.data import tokenize as tokenize_mod
-from basecap.data.build import BottomK
+from basecap.data.collect import BottomK
 from basecap.data.text import Doc, decode_utf8, normalize_text, strip_email_headers
 
 
@@ -218,7 +218,7 @@ def test_failure_before_any_work_leaves_nothing(tmp_path, monkeypatch):
         raise RuntimeError("no reading today")
 
     # failing while the sources are read: nothing committed yet (a finished collection is kept, see test_data_spool)
-    monkeypatch.setattr(build_mod, "read_source", boom)
+    monkeypatch.setattr(collect_mod, "read_source", boom)
     with pytest.raises(RuntimeError):
         build_corpus(recipe_from_dict(tiny_recipe(data)), home=tmp_path / "home", log=_quiet)
     assert [p.name for p in (tmp_path / "home" / "corpora").iterdir() if not p.name.startswith(".lock-")] == []

@@ -10,8 +10,9 @@ from test_data_helpers import WORDS, interrupt_after, slimpajama_records, write_
 
 from basecap.data import build as build_mod
 from basecap.data import build_corpus, recipe_from_dict
+from basecap.data import collect as collect_mod
 from basecap.data import tokenize as tokenize_mod
-from basecap.data.build import Spool, Spooled, _collect
+from basecap.data.collect import Spool, Spooled, collect
 from basecap.data.sources import prepare_source
 from basecap.data.text import doc_digest, normalize_text
 from basecap.data.tokenize import encode_texts, read_spans
@@ -118,7 +119,7 @@ def test_selection_records_hold_no_text(tmp_path):
     prep = prepare_source(recipe.sources[0], 0, tmp_path, log=lambda m: None)
     spool = Spool(tmp_path / "work" / "spool")
     tracemalloc.start()
-    selected, _ = _collect(recipe, [prep], lambda m: None, spool=spool)
+    selected, _ = collect(recipe, [prep], lambda m: None, spool=spool)
     peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
     items = selected["commoncrawl"]
@@ -146,7 +147,7 @@ def test_interrupted_build_keeps_its_spool_in_work_and_resumes(built, tmp_path, 
         raise AssertionError(f"source {prep.id} read again on resume")
 
     monkeypatch.setattr(tokenize_mod, "_committed", lambda unit: None)
-    monkeypatch.setattr(build_mod, "read_source", no_reading)
+    monkeypatch.setattr(collect_mod, "read_source", no_reading)
     msgs = []
     again = build_corpus(recipe, home=tmp_path / "home", log=msgs.append)
     assert any("sources already read (resumed)" in m for m in msgs)

@@ -190,7 +190,7 @@ def test_parquet_source_builds_with_manifest_counts(records, tmp_path):
 
 def test_selection_memory_is_bounded_by_the_domain_cap(tmp_path):
     """An uncapped source feeding a capped domain holds about the cap, not everything it reads."""
-    from basecap.data.build import Spool, _collect
+    from basecap.data.collect import Spool, collect
 
     rng = random.Random(1)
     recs = [{"text": " ".join(rng.choices(WORDS, k=250)), "meta": {"redpajama_set_name": "RedPajamaC4"}} for _ in range(4000)]
@@ -201,7 +201,7 @@ def test_selection_memory_is_bounded_by_the_domain_cap(tmp_path):
     recipe = recipe_from_dict(raw)
     prep = prepare_source(recipe.sources[0], 0, tmp_path, log=lambda m: None)
     tracemalloc.start()
-    selected, _ = _collect(recipe, [prep], lambda m: None, spool=Spool(tmp_path / "spool"))
+    selected, _ = collect(recipe, [prep], lambda m: None, spool=Spool(tmp_path / "spool"))
     peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
     assert prep.stats["bytes_read"] > 4_500_000 and 200_000 <= sum(n for _, n, _ in selected["web"]) < 202_000

@@ -7,32 +7,31 @@ under a lock) renamed into place at the end: an interrupted build never leaves a
 complete, and its committed work (the trained tokenizer, tokenised units) is picked up by the next
 build of the same corpus. Tokenisation runs in worker processes (``tokenize.py``).
 
-Selected documents' text is spooled to disk in ``work/spool`` as it is read; memory holds only a
-small record per document (digest, byte count, spool offset, source, origin), so a corpus may be
-far larger than RAM. Workers read their units' texts from the spool.
+Reading the sources into a selection is ``collect.py``: selected documents' text is spooled to disk
+in ``work/spool`` as it is read, and memory holds only a small record per document, so a corpus may
+be far larger than RAM. Workers read their units' texts from the spool.
 """
 
 from __future__ import annotations
 
 import hashlib
-import heapq
 import json
 import os
-import pickle
 import shutil
-import sys
 import time
-from collections import Counter, defaultdict
+from collections import Counter
 from contextlib import contextmanager
 from pathlib import Path
-from typing import BinaryIO, Callable, NamedTuple
+from typing import Callable
 
 import numpy as np
 
+from .collect import Spool, collect, load_collected, save_collected
 from .corpus import MANIFEST_FORMAT, Corpus
 from .recipe import SPLITS, BPETokenizerConfig, RecipeConfig, load_recipe
-from .sources import DataError, PreparedSource, prepare_source, read_source
-from .text import doc_digest, split_key
+from .source_base import DataError, PreparedSource
+from .sources import prepare_source
+from .text import split_key
 from .tokenize import (
     FileTexts,
     Unit,
@@ -57,78 +56,6 @@ def data_home(home: str | os.PathLike | None = None) -> Path:
 
         home = platformdirs.user_cache_dir("basecap")
     return Path(home).expanduser()
-
-
-class BottomK:
-    """The smallest-digest documents whose UTF-8 size first reaches ``cap`` (all when cap is None).
-
-    Streaming and exact: the kept set always equals sorting everything seen by digest and taking
-    the shortest prefix that reaches the cap, so selection does not depend on reading order.
-    ``item`` is the caller's record of a document (in a build a ``Spooled``, never the text).
-    """
-
-    def __init__(self, cap: int | None):
-        self.cap, self.total = cap, 0
-        self.heap: list[tuple[int, int, bytes, object]] = []  # (-key, bytes, digest, item): max-heap
-
-    def admits(self, digest: bytes) -> bool:
-        """Whether ``add`` keeps this document now: a caller writes out only texts that are kept."""
-        return (self.cap is None or self.total < self.cap
-                or int.from_bytes(digest[:16], "big") <= -self.heap[0][0])
-
-    def add(self, digest: bytes, nbytes: int, item) -> None:
-        if not self.admits(digest):
-            return
-        heapq.heappush(self.heap, (-int.from_bytes(digest[:16], "big"), nbytes, digest, item))
-        self.total += nbytes
-        while self.cap is not None and self.total - self.heap[0][1] >= self.cap:
-            self.total -= heapq.heappop(self.heap)[1]
-
-    def items(self) -> list[tuple[bytes, int, object]]:
-        return [(d, n, item) for _, n, d, item in sorted(self.heap, key=lambda x: x[2])]
-
-
-class Spooled(NamedTuple):
-    """A selected document in memory: where its text lies in its domain's spool file, where it came from."""
-
-    offset: int
-    source: str
-    origin: str
-
-
-class Spool:
-    """Selected documents' UTF-8 text on disk, one append-only file per domain.
-
-    A document is written when it enters a selection, so memory holds records, not text. One that a
-    domain cap evicts later stays in the file unused: disk, at most the text read, instead of memory.
-    """
-
-    def __init__(self, folder: Path, reuse: bool = False):
-        """``reuse``: open a finished collection's spool as it is (a resumed build); otherwise start empty
-        (an interrupted collection's partial spool is discarded: its sources are read again)."""
-        if not reuse:
-            shutil.rmtree(folder, ignore_errors=True)
-            folder.mkdir(parents=True)
-        self.folder = folder
-        self.files: dict[str, BinaryIO] = {}
-        self.size: Counter = Counter()
-
-    def path(self, domain: str) -> Path:
-        return self.folder / f"{domain}.txt"
-
-    def write(self, domain: str, raw: bytes) -> int:
-        """Append ``raw`` to the domain's file; returns its offset there."""
-        if domain not in self.files:
-            self.files[domain] = open(self.path(domain), "ab")  # noqa: SIM115 - open until close()
-        self.files[domain].write(raw)
-        self.size[domain] += len(raw)
-        return self.size[domain] - len(raw)
-
-    def close(self) -> None:
-        """Flush and close the files (before anything reads them)."""
-        for f in self.files.values():
-            f.close()
-        self.files.clear()
 
 
 def _cache_key(recipe: RecipeConfig, prepared: list[PreparedSource], tok_fp: str) -> str:
@@ -234,75 +161,6 @@ def build_corpus(recipe: RecipeConfig | str, home: str | os.PathLike | None = No
     return Corpus(target)
 
 
-def _collect(recipe: RecipeConfig, prepared: list[PreparedSource], log, progress: bool | None = None, *,
-             spool: Spool) -> tuple[dict[str, list[tuple[bytes, int, Spooled]]], Counter]:
-    """Read every source; exact de-duplication across the corpus; per-source then per-domain caps.
-
-    Returns each domain's selection as (digest, UTF-8 bytes, ``Spooled``) in digest order; the texts
-    are in ``spool``.
-    """
-    from tqdm.auto import tqdm
-
-    seen: set[bytes] = set()
-    dup = Counter()
-    domain_sel = {d: BottomK(cfg.max_bytes) for d, cfg in recipe.domains.items()}
-    try:
-        for prep in prepared:
-            if prep.status != "ok":
-                continue
-            t0 = time.perf_counter()
-            # without a source cap, documents go straight to their domain's selection (the same result,
-            # since a selection does not depend on the order it sees documents in), so the spool holds
-            # about what the domain caps keep instead of everything the source has
-            cap = prep.config.max_bytes
-            per_domain: dict[str, BottomK] = defaultdict(lambda cap=cap: BottomK(cap)) if cap else domain_sel
-            bar = tqdm(total=len(prep.files), unit="file", desc=f"reading {prep.id}", file=sys.stderr, leave=False,
-                       disable=True if len(prep.files) < 2 else None if progress is None else not progress)
-            for doc in read_source(prep):
-                bar.update(prep.stats["files"] - bar.n)
-                digest = doc_digest(doc.text)
-                if digest in seen:
-                    prep.stats["duplicates"] += 1
-                    dup[doc.domain] += 1
-                    continue
-                seen.add(digest)
-                sel = per_domain[doc.domain]
-                if sel.admits(digest):
-                    raw = doc.text.encode("utf-8")
-                    sel.add(digest, len(raw), Spooled(spool.write(doc.domain, raw), doc.source, doc.origin))
-            for domain, sel in per_domain.items() if cap else ():
-                for digest, n, rec in sel.items():
-                    domain_sel[domain].add(digest, n, rec)
-            bar.close()
-            s = prep.stats
-            log(f"  source {prep.id}: {s['records']} documents, {s['bytes_read'] / 1e6:.1f} MB, "
-                f"{s['duplicates']} duplicates, {s['bad_bytes']} bad bytes, {s['malformed']} malformed "
-                f"({time.perf_counter() - t0:.1f} s)")
-    finally:
-        spool.close()
-    return {d: domain_sel.pop(d).items() for d in list(domain_sel)}, dup  # frees each heap as it goes
-
-
-def _save_collected(path: Path, selected: dict, dup: Counter, prepared: list[PreparedSource]) -> None:
-    """Commit the finished collection (selection records, duplicate counts, per-source statistics) next to
-    its spool, so a build interrupted later does not read every source again (hours at SlimPajama scale)."""
-    state = {"selected": selected, "dup": dup,
-             "sources": {p.id: (p.stats, p.unmapped) for p in prepared if p.status == "ok"}}
-    tmp = path.with_suffix(".tmp")
-    with open(tmp, "wb") as f:
-        pickle.dump(state, f, protocol=pickle.HIGHEST_PROTOCOL)
-    os.replace(tmp, path)
-
-
-def _load_collected(path: Path, prepared: list[PreparedSource]) -> tuple[dict, Counter]:
-    with open(path, "rb") as f:
-        state = pickle.load(f)  # our own work file, written by _save_collected
-    for p in prepared:
-        if p.id in state["sources"]:
-            p.stats, p.unmapped = state["sources"][p.id]
-    return state["selected"], state["dup"]
-
-
 def _assign_splits(u: np.ndarray, ntok: np.ndarray, recipe: RecipeConfig) -> np.ndarray:
     """0 train, 1 validation, 2 test: by hash fraction, topped up to the minimum token counts.
 
@@ -326,27 +184,11 @@ def _assign_splits(u: np.ndarray, ntok: np.ndarray, recipe: RecipeConfig) -> np.
 
 def _build_into(out: Path, recipe: RecipeConfig, prepared: list[PreparedSource], key: str, log,
                 workers: int = 1, progress: bool | None = None) -> None:
+    """Collect, train or copy the tokenizer, tokenise, write the shards, then the manifest (last)."""
     work = out / "work"
     work.mkdir(exist_ok=True)
-    done = work / "collected.pkl"
-    if done.is_file():  # an interrupted build whose sources were all read: reuse the selection and its spool
-        spool = Spool(work / "spool", reuse=True)
-        selected, dup = _load_collected(done, prepared)
-        log(f"  sources already read (resumed): {sum(len(v) for v in selected.values())} documents selected")
-    else:
-        spool = Spool(work / "spool")
-        selected, dup = _collect(recipe, prepared, log, progress, spool=spool)
-        _save_collected(done, selected, dup, prepared)
-    skipped_domains = {}
-    for d, items in list(selected.items()):
-        if not items:
-            srcs = [p.id for p in prepared if d in _targets(p)]
-            if not recipe.domains[d].optional:
-                raise DataError(f"domain {d!r} has no documents (sources: {srcs}); "
-                                "install its sources or mark the domain optional")
-            skipped_domains[d] = f"no documents (sources: {', '.join(srcs)})"
-            log(f"  domain {d}: skipped, no documents from {srcs}")
-            del selected[d]
+    selected, dup, spool = _selection(work, recipe, prepared, log, progress)
+    skipped_domains = _drop_empty_domains(selected, recipe, prepared, log)
 
     tok_info, eot_token = _tokenizer(out, work, recipe, selected, spool, log)
     tok, eot_id = load_tokenizer(out / "tokenizer.json", eot_token)
@@ -371,6 +213,54 @@ def _build_into(out: Path, recipe: RecipeConfig, prepared: list[PreparedSource],
               work / "units", out / "tokenizer.json", eot_token, eot_id, dtype, workers, progress, log)
     log(f"  tokenised in {time.perf_counter() - t0:.1f} s")
 
+    domains_info = _write_domains(out, selected, dup, keys, units, work / "units", recipe, log)
+    manifest = {
+        "format": MANIFEST_FORMAT, "pipeline_version": PIPELINE_VERSION, "key": key,
+        "recipe_name": recipe.name, "recipe": recipe.model_dump(mode="json", exclude={"build"}),
+        "dtype": np.dtype(dtype).name, "tokenizer": tok_info, "splits": list(SPLITS),
+        "domains": domains_info, "skipped_domains": skipped_domains,
+        "sources": _source_entries(prepared, selected),
+    }
+    shutil.rmtree(work)  # the finished corpus holds no work files (units, spool); the manifest comes last
+    tmp = out / "manifest.json.tmp"
+    tmp.write_text(json.dumps(manifest, indent=1), encoding="utf-8")
+    os.replace(tmp, out / "manifest.json")
+
+
+def _selection(work: Path, recipe: RecipeConfig, prepared: list[PreparedSource], log,
+               progress: bool | None) -> tuple[dict, Counter, Spool]:
+    """Every domain's selected documents, the duplicates removed per domain, and the spool of their texts:
+    read from the sources, or reused from an interrupted build that had read them all."""
+    done = work / "collected.pkl"
+    if done.is_file():
+        spool = Spool(work / "spool", reuse=True)
+        selected, dup = load_collected(done, prepared)
+        log(f"  sources already read (resumed): {sum(len(v) for v in selected.values())} documents selected")
+    else:
+        spool = Spool(work / "spool")
+        selected, dup = collect(recipe, prepared, log, progress, spool=spool)
+        save_collected(done, selected, dup, prepared)
+    return selected, dup, spool
+
+
+def _drop_empty_domains(selected: dict, recipe: RecipeConfig, prepared: list[PreparedSource], log) -> dict[str, str]:
+    """Remove the domains without documents from ``selected``; a required one is an error. Returns the reasons."""
+    skipped = {}
+    for d, items in list(selected.items()):
+        if not items:
+            srcs = [p.id for p in prepared if d in _targets(p)]
+            if not recipe.domains[d].optional:
+                raise DataError(f"domain {d!r} has no documents (sources: {srcs}); "
+                                "install its sources or mark the domain optional")
+            skipped[d] = f"no documents (sources: {', '.join(srcs)})"
+            log(f"  domain {d}: skipped, no documents from {srcs}")
+            del selected[d]
+    return skipped
+
+
+def _write_domains(out: Path, selected: dict, dup: Counter, keys: dict, units: dict, folder: Path,
+                   recipe: RecipeConfig, log) -> dict:
+    """Every domain's shards and rows of ``documents.tsv``; returns the manifest's ``domains`` entry."""
     (out / "tokens").mkdir(exist_ok=True)
     domains_info = {}
     with open(out / "documents.tsv", "w", encoding="utf-8") as tsv:
@@ -378,14 +268,18 @@ def _build_into(out: Path, recipe: RecipeConfig, prepared: list[PreparedSource],
         for d, items in selected.items():
             info = {"role": recipe.domains[d].role, "description": recipe.domains[d].description,
                     "duplicates_removed": dup[d], "splits": {}}
-            info["splits"] = _write_shards(out, d, items, keys[d], units[d], work / "units", recipe, log, tsv)
+            info["splits"] = _write_shards(out, d, items, keys[d], units[d], folder, recipe, log, tsv)
             info["documents"] = len(items)
             info["bytes"] = sum(n for _, n, _ in items)
             info["tokens"] = sum(s["tokens"] for s in info["splits"].values())
             domains_info[d] = info
     log(f"  {sum(i['tokens'] for i in domains_info.values()) / 1e6:.2f} M tokens in "
         f"{sum(len(u) for u in units.values())} units")
+    return domains_info
 
+
+def _source_entries(prepared: list[PreparedSource], selected: dict) -> list[dict]:
+    """The manifest's ``sources``: what each source is, what was read from it and how much was selected."""
     selected_by_source = Counter(rec.source for items in selected.values() for _, _, rec in items)
     selected_bytes = Counter()
     for items in selected.values():
@@ -409,17 +303,7 @@ def _build_into(out: Path, recipe: RecipeConfig, prepared: list[PreparedSource],
         else:
             entry["reason"] = p.reason
         sources.append(entry)
-
-    manifest = {
-        "format": MANIFEST_FORMAT, "pipeline_version": PIPELINE_VERSION, "key": key,
-        "recipe_name": recipe.name, "recipe": recipe.model_dump(mode="json", exclude={"build"}),
-        "dtype": np.dtype(dtype).name, "tokenizer": tok_info, "splits": list(SPLITS),
-        "domains": domains_info, "skipped_domains": skipped_domains, "sources": sources,
-    }
-    shutil.rmtree(work)  # the finished corpus holds no work files (units, spool); the manifest comes last
-    tmp = out / "manifest.json.tmp"
-    tmp.write_text(json.dumps(manifest, indent=1), encoding="utf-8")
-    os.replace(tmp, out / "manifest.json")
+    return sources
 
 
 def _tokenizer(out: Path, work: Path, recipe: RecipeConfig, selected: dict, spool: Spool,
