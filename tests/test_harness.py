@@ -93,6 +93,12 @@ def test_tasks_generated_from_the_corpus(subject, tmp_path):
         assert (a / f).read_text() == (b / f).read_text()  # deterministic by seed
     rec = json.loads((a / "extraction.jsonl").read_text().splitlines()[0])
     assert rec["answers"][0] in rec["context"]
+    ppl = (a / "basecap_ppl_prose.yaml").read_text()  # filled in from tasks/templates/
+    assert "task: basecap_ppl_prose\n" in ppl and f'test: "{(a / "ppl_prose.jsonl").resolve()}"\n' in ppl
+    assert "$" not in ppl + (a / "basecap_extraction.yaml").read_text()
+    shipped = harness.prepare_task_dir(tmp_path / "shipped")  # the templates are not tasks themselves
+    assert sorted(p.name for p in shipped.rglob("*.yaml")) == [
+        "basecap_smoke_gen.yaml", "basecap_smoke_mc.yaml", "basecap_smoke_ppl.yaml"]
 
 
 def test_lm_eval_options_match_the_suite():
