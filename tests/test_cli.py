@@ -1,4 +1,6 @@
 import json
+import subprocess
+import sys
 
 import pytest
 
@@ -46,6 +48,25 @@ def test_every_subcommand_has_help(capsys):
             build_parser().parse_args([cmd[0], "--help"])
         assert e.value.code == 0
     assert "examples:" in build_parser().format_help()
+
+
+def test_choices_come_from_the_registries(capsys):
+    from basecap.eval.suites import suite_names
+    from basecap.presets import PRESETS
+
+    p = build_parser()
+    assert [p.parse_args(["eval", "x", "--suite", s]).suite for s in suite_names()] == suite_names()
+    assert [p.parse_args(["mixers", "--preset", name]).preset for name in PRESETS] == list(PRESETS)
+    with pytest.raises(SystemExit):
+        p.parse_args(["eval", "x", "--suite", "nope"])
+    assert "choose from " + ", ".join(map(repr, ["loss", *suite_names()])) in capsys.readouterr().err
+
+
+def test_parsing_imports_no_registry():
+    code = ("import sys; from basecap.cli import build_parser; build_parser().parse_args(['eval', 'x']); "
+            "build_parser().parse_args(['mixers']); print(sorted(m for m in ('torch', 'basecap.eval.suites') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
 
 
 def test_run_train_eval_report_end_to_end(tiny_recipe_path, tmp_path, capsys):

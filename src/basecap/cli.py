@@ -1,5 +1,10 @@
 """The ``basecap`` command line: a thin layer over the Python API (basecap.data, basecap.train,
-basecap.eval, basecap.report, basecap.experiment)."""
+basecap.eval, basecap.report, basecap.experiment).
+
+Each command is a handler ``_cmd_<name>`` and the function that adds its parser ``_add_<name>``;
+handlers import what they call, so parsing stays quick. Names a command accepts (suites, presets,
+benchmarks) come from their registries, never from a list typed here.
+"""
 
 from __future__ import annotations
 
@@ -30,6 +35,33 @@ EPILOG = """examples:
 """
 
 
+class _Names:
+    """A registry's names as argparse choices, read when argparse first needs them (a value to check,
+    or --help), so that building the parser does not import the registry's module (and torch).
+    Give the argument a ``metavar``: argparse formats the choices of one without it when it is added."""
+
+    def __init__(self, module: str, attr: str, *extra: str):
+        self._module, self._attr, self._extra, self._names = module, attr, extra, None
+
+    def _load(self) -> list[str]:
+        if self._names is None:
+            names = getattr(importlib.import_module(self._module), self._attr)
+            self._names = [*self._extra, *(names() if callable(names) else names)]
+        return self._names
+
+    def __iter__(self):
+        return iter(self._load())
+
+    def __contains__(self, name) -> bool:
+        return name in self._load()
+
+
+def _experiment_args(sp) -> None:
+    sp.add_argument("experiment", help="experiment TOML file (e.g. experiments/quickstart.toml)")
+    sp.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="override a config value, validated like the file (e.g. --set train.steps=100); repeatable")
+
+
 def _cmd_data(args):
     from .data import build_corpus, load_recipe, summarize
 
@@ -38,6 +70,17 @@ def _cmd_data(args):
     corpus = build_corpus(load_recipe(args.recipe), workers=args.workers, progress=False if args.no_progress else None)
     print(summarize(corpus))
     print(f"corpus: {corpus.dir}")
+
+
+def _add_data(sub) -> None:
+    d = sub.add_parser("data", help="build a corpus (domains, splits, tokenizer, token shards) into the data home",
+                       description="Build a corpus from a recipe: real text per domain, de-duplicated, split by document hash, "
+                       "tokenised. Cached in $BASECAP_HOME; a second build with the same inputs does nothing.")
+    d.add_argument("action", choices=["build"], help="what to do")
+    d.add_argument("recipe", nargs="?", default="default", help="built-in recipe name or path to a recipe TOML (default: default)")
+    d.add_argument("--workers", type=int, default=None, help="tokenisation worker processes (default: the CPU count)")
+    d.add_argument("--no-progress", action="store_true", help="no progress bars")
+    d.set_defaults(fn=_cmd_data)
 
 
 def _selected(exp, only):
@@ -71,24 +114,20 @@ def _cmd_train(args):
               ", ".join(f"{d} {v['loss']:.3f} ({v['bpb']:.3f} bpb)" for d, v in final["domains"].items()))
 
 
+def _add_train(sub) -> None:
+    t = sub.add_parser("train", help="train the runs of an experiment (resumes interrupted runs)",
+                       description="Train every run of an experiment, or only those named with --run. Finished runs are skipped; "
+                       "an interrupted run resumes from its last good checkpoint and continues with the same loss sequence.")
+    _experiment_args(t)
+    t.add_argument("--run", action="append", default=[], metavar="NAME", help="only this run (repeatable)")
+    t.set_defaults(fn=_cmd_train)
+
+
 def _cmd_eval(args):
-    from .eval.final import evaluate_run
-
     if args.suite != "loss":
-        from .config import parse_override
-        from .eval.suites import run_suite
-
-        opts = {}
-        for item in args.opt:
-            path, value = parse_override(item)
-            opts[".".join(path)] = value
-        if args.tasks:
-            opts["tasks"] = args.tasks.split(",")
-        res = run_suite(args.run_dir, args.suite, out_dir=args.out, **opts)
-        print(json.dumps({k: v for k, v in res.items() if not isinstance(v, (list, dict)) or k in ("acc", "summary", "acc_by_d_model")},
-                         indent=1, default=str))
-        print(f"written: {Path(args.out or args.run_dir) / ('eval_' + args.suite + '.json')}")
+        _run_suite(args)
         return
+    from .eval.final import evaluate_run
 
     res = evaluate_run(args.run_dir, split=args.split, max_tokens=args.max_tokens)
     print(f"{res['run_id']} ({res['checkpoint']}, {res['split']} split)")
@@ -97,6 +136,39 @@ def _cmd_eval(args):
         tag = "" if d in res["in_domain"] else "  (OOD)"
         print(f"{d:<14}{v['loss']:>9.4f}{v['bpb']:>9.4f}{v['tokens']:>10}{tag}")
     print(f"written: {Path(args.run_dir) / 'eval.json'}")
+
+
+def _run_suite(args):
+    from .config import parse_override
+    from .eval.suites import run_suite
+
+    opts = {}
+    for item in args.opt:
+        path, value = parse_override(item)
+        opts[".".join(path)] = value
+    if args.tasks:
+        opts["tasks"] = args.tasks.split(",")
+    res = run_suite(args.run_dir, args.suite, out_dir=args.out, **opts)
+    print(json.dumps({k: v for k, v in res.items() if not isinstance(v, (list, dict)) or k in ("acc", "summary", "acc_by_d_model")},
+                     indent=1, default=str))
+    print(f"written: {Path(args.out or args.run_dir) / ('eval_' + args.suite + '.json')}")
+
+
+def _add_eval(sub) -> None:
+    e = sub.add_parser("eval", help="evaluate a trained run: loss and bits per byte on every domain",
+                       description="Evaluate the newest good checkpoint of RUN_DIR on the held-out split of every domain; "
+                       "writes RUN_DIR/eval.json.")
+    e.add_argument("run_dir")
+    e.add_argument("--split", choices=["validation", "test"], default="test")
+    e.add_argument("--max-tokens", type=int, default=None, help="tokens per domain (default: the run's eval.max_tokens)")
+    e.add_argument("--suite", default="loss", choices=_Names("basecap.eval.suites", "suite_names", "loss"), metavar="SUITE",
+                   help="loss (default): loss and bits per byte per domain; otherwise one evaluation suite "
+                   "(docs/evaluation.md). One of: %(choices)s")
+    e.add_argument("--tasks", default=None, help="lm-eval: comma-separated task names")
+    e.add_argument("--opt", action="append", default=[], metavar="KEY=VALUE",
+                   help="a suite option, e.g. --opt num_fewshot=5 --opt lengths=[1024,2048] (repeatable)")
+    e.add_argument("--out", default=None, help="suite output folder (default: RUN_DIR)")
+    e.set_defaults(fn=_cmd_eval)
 
 
 def _cmd_report(args):
@@ -108,10 +180,31 @@ def _cmd_report(args):
     print(f"report: {path.parent / 'report.html'} (and report.md)")
 
 
+def _add_report(sub) -> None:
+    r = sub.add_parser("report", help="tables and plots from run directories (report.md, report.html, PNGs)",
+                       description="Write report.md, a self-contained report.html and PNG plots: training curves, in-domain vs "
+                       "OOD loss over training, final losses and bits per byte, and each run's OOD gap to a reference run at "
+                       "matched in-domain loss.")
+    r.add_argument("run_dirs", nargs="+")
+    r.add_argument("--out", default=None, help="output folder (default: <parent of first run>/report)")
+    r.add_argument("--reference", default=None, help="run name to compare against (default: the first run)")
+    r.add_argument("--smooth", type=int, default=1, help="moving average over this many evaluations before matching")
+    r.add_argument("--speed", default=None, help="a `basecap bench mixers` JSON to include as the speed section")
+    r.set_defaults(fn=_cmd_report)
+
+
 def _cmd_run(args):
     from .experiment import run_experiment
 
     run_experiment(args.experiment, args.set)
+
+
+def _add_run(sub) -> None:
+    u = sub.add_parser("run", help="the whole experiment: build data if needed, train, evaluate, report",
+                       description="Build the corpus if needed, train every run (skipping finished ones, resuming interrupted "
+                       "ones), evaluate each on the test split, and write the report.")
+    _experiment_args(u)
+    u.set_defaults(fn=_cmd_run)
 
 
 def _cmd_mixers(args):
@@ -124,11 +217,32 @@ def _cmd_mixers(args):
         print(format_table(rows, args.preset, args.seq_len))
 
 
+def _add_mixers(sub) -> None:
+    mx = sub.add_parser("mixers", help="list every architecture with its switches, size, state and cost",
+                        description="List every registered sequence mixer: its config switches, parameter count at a size preset "
+                        "(MLP width matched to Transformer++), recurrent state bytes per sequence and asymptotic cost.")
+    mx.add_argument("--preset", default="tiny", choices=_Names("basecap.presets", "PRESETS"), metavar="PRESET",
+                    help="a size preset: %(choices)s (default: %(default)s)")
+    mx.add_argument("--seq-len", type=int, default=2048)
+    mx.add_argument("--json", action="store_true", help="machine-readable output")
+    mx.set_defaults(fn=_cmd_mixers)
+
+
 def _cmd_export(args):
     from .hf import export_run
 
     path = export_run(args.run_dir, args.out_dir)
     print(f"exported: {path} (load with AutoModelForCausalLM.from_pretrained after `import basecap.hf`)")
+
+
+def _add_export(sub) -> None:
+    x = sub.add_parser("export", help="write a trained run as a Hugging Face model folder",
+                       description="Write RUN_DIR's newest good checkpoint as a Hugging Face folder (config.json, safetensors, "
+                       "tokenizer files). It loads with AutoModelForCausalLM once basecap.hf is imported; generate() matches "
+                       "basecap's own decoding.")
+    x.add_argument("run_dir")
+    x.add_argument("out_dir")
+    x.set_defaults(fn=_cmd_export)
 
 
 def _cmd_plan(args):
@@ -138,9 +252,32 @@ def _cmd_plan(args):
     print(format_plan(rows, as_json=args.json))
 
 
+def _add_plan(sub) -> None:
+    pl = sub.add_parser("plan", help="parameters, FLOPs, memory per GPU and wall time of every run, before launching",
+                        description="Build every run's model on the meta device and estimate parameters, FLOPs per token, memory "
+                        "per GPU and wall time for a number of GPUs (formulas in docs/scaling.md).")
+    _experiment_args(pl)
+    pl.add_argument("--gpus", type=int, default=8)
+    pl.add_argument("--gpu-type", default="H100-80GB",
+                    help="a GPU of basecap.plan.GPUS, e.g. H100-80GB, or its short name, e.g. H100 (an unknown one lists them)")
+    pl.add_argument("--mfu", type=float, default=0.4, help="assumed model FLOPs utilisation")
+    pl.add_argument("--parallel", choices=["ddp", "fsdp"], default=None, help="default: each run's train.parallel")
+    pl.add_argument("--json", action="store_true")
+    pl.set_defaults(fn=_cmd_plan)
+
+
 def _cmd_bench(args):
     mod = importlib.import_module(f"basecap.bench.{args.name}")
     mod.main(args.args)
+
+
+def _add_bench(sub) -> None:
+    b = sub.add_parser("bench", help="speed benchmarks (print a table, write JSON and a plot)",
+                       description="Benchmarks: " + "; ".join(f"{k}: {v}" for k, v in BENCHES.items()) + ". "
+                       "Pass --help after the name for its options.")
+    b.add_argument("name", choices=sorted(BENCHES))
+    b.add_argument("args", nargs=argparse.REMAINDER, help="options of that benchmark")
+    b.set_defaults(fn=_cmd_bench)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -148,92 +285,8 @@ def build_parser() -> argparse.ArgumentParser:
                                 "test them out of distribution, compare. Every command is also a Python call.",
                                 epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
-    d = sub.add_parser("data", help="build a corpus (domains, splits, tokenizer, token shards) into the data home",
-                       description="Build a corpus from a recipe: real text per domain, de-duplicated, split by document hash, "
-                       "tokenised. Cached in $BASECAP_HOME; a second build with the same inputs does nothing.")
-    d.add_argument("action", choices=["build"], help="what to do")
-    d.add_argument("recipe", nargs="?", default="default", help="built-in recipe name or path to a recipe TOML (default: default)")
-    d.add_argument("--workers", type=int, default=None, help="tokenisation worker processes (default: the CPU count)")
-    d.add_argument("--no-progress", action="store_true", help="no progress bars")
-    d.set_defaults(fn=_cmd_data)
-
-    def experiment_args(sp):
-        sp.add_argument("experiment", help="experiment TOML file (e.g. experiments/quickstart.toml)")
-        sp.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="override a config value, validated like the file (e.g. --set train.steps=100); repeatable")
-
-    t = sub.add_parser("train", help="train the runs of an experiment (resumes interrupted runs)",
-                       description="Train every run of an experiment, or only those named with --run. Finished runs are skipped; "
-                       "an interrupted run resumes from its last good checkpoint and continues with the same loss sequence.")
-    experiment_args(t)
-    t.add_argument("--run", action="append", default=[], metavar="NAME", help="only this run (repeatable)")
-    t.set_defaults(fn=_cmd_train)
-
-    e = sub.add_parser("eval", help="evaluate a trained run: loss and bits per byte on every domain",
-                       description="Evaluate the newest good checkpoint of RUN_DIR on the held-out split of every domain; "
-                       "writes RUN_DIR/eval.json.")
-    e.add_argument("run_dir")
-    e.add_argument("--split", choices=["validation", "test"], default="test")
-    e.add_argument("--max-tokens", type=int, default=None, help="tokens per domain (default: the run's eval.max_tokens)")
-    e.add_argument("--suite", default="loss", choices=["loss", "lm-eval", "mqar", "passkey", "niah", "recall", "extrapolation"],
-                   help="loss (default): loss and bits per byte per domain; otherwise one evaluation suite (docs/evaluation.md)")
-    e.add_argument("--tasks", default=None, help="lm-eval: comma-separated task names")
-    e.add_argument("--opt", action="append", default=[], metavar="KEY=VALUE",
-                   help="a suite option, e.g. --opt num_fewshot=5 --opt lengths=[1024,2048] (repeatable)")
-    e.add_argument("--out", default=None, help="suite output folder (default: RUN_DIR)")
-    e.set_defaults(fn=_cmd_eval)
-
-    r = sub.add_parser("report", help="tables and plots from run directories (report.md, report.html, PNGs)",
-                       description="Write report.md, a self-contained report.html and PNG plots: training curves, in-domain vs "
-                       "OOD loss over training, final losses and bits per byte, and each run's OOD gap to a reference run at "
-                       "matched in-domain loss.")
-    r.add_argument("run_dirs", nargs="+")
-    r.add_argument("--out", default=None, help="output folder (default: <parent of first run>/report)")
-    r.add_argument("--reference", default=None, help="run name to compare against (default: the first run)")
-    r.add_argument("--smooth", type=int, default=1, help="moving average over this many evaluations before matching")
-    r.add_argument("--speed", default=None, help="a `basecap bench mixers` JSON to include as the speed section")
-    r.set_defaults(fn=_cmd_report)
-
-    u = sub.add_parser("run", help="the whole experiment: build data if needed, train, evaluate, report",
-                       description="Build the corpus if needed, train every run (skipping finished ones, resuming interrupted "
-                       "ones), evaluate each on the test split, and write the report.")
-    experiment_args(u)
-    u.set_defaults(fn=_cmd_run)
-
-    mx = sub.add_parser("mixers", help="list every architecture with its switches, size, state and cost",
-                        description="List every registered sequence mixer: its config switches, parameter count at a size preset "
-                        "(MLP width matched to Transformer++), recurrent state bytes per sequence and asymptotic cost.")
-    mx.add_argument("--preset", default="tiny", choices=["tiny", "110m", "1.3b"])
-    mx.add_argument("--seq-len", type=int, default=2048)
-    mx.add_argument("--json", action="store_true", help="machine-readable output")
-    mx.set_defaults(fn=_cmd_mixers)
-
-    x = sub.add_parser("export", help="write a trained run as a Hugging Face model folder",
-                       description="Write RUN_DIR's newest good checkpoint as a Hugging Face folder (config.json, safetensors, "
-                       "tokenizer files). It loads with AutoModelForCausalLM once basecap.hf is imported; generate() matches "
-                       "basecap's own decoding.")
-    x.add_argument("run_dir")
-    x.add_argument("out_dir")
-    x.set_defaults(fn=_cmd_export)
-
-    pl = sub.add_parser("plan", help="parameters, FLOPs, memory per GPU and wall time of every run, before launching",
-                        description="Build every run's model on the meta device and estimate parameters, FLOPs per token, memory "
-                        "per GPU and wall time for a number of GPUs (formulas in docs/scaling.md).")
-    experiment_args(pl)
-    pl.add_argument("--gpus", type=int, default=8)
-    pl.add_argument("--gpu-type", default="H100-80GB", help="A100-40GB, A100-80GB, H100-80GB, H200-141GB, L40S-48GB")
-    pl.add_argument("--mfu", type=float, default=0.4, help="assumed model FLOPs utilisation")
-    pl.add_argument("--parallel", choices=["ddp", "fsdp"], default=None, help="default: each run's train.parallel")
-    pl.add_argument("--json", action="store_true")
-    pl.set_defaults(fn=_cmd_plan)
-
-    b = sub.add_parser("bench", help="speed benchmarks (print a table, write JSON and a plot)",
-                       description="Benchmarks: " + "; ".join(f"{k}: {v}" for k, v in BENCHES.items()) + ". "
-                       "Pass --help after the name for its options.")
-    b.add_argument("name", choices=sorted(BENCHES))
-    b.add_argument("args", nargs=argparse.REMAINDER, help="options of that benchmark")
-    b.set_defaults(fn=_cmd_bench)
+    for add in (_add_data, _add_train, _add_eval, _add_report, _add_run, _add_mixers, _add_export, _add_plan, _add_bench):
+        add(sub)
     return p
 
 
