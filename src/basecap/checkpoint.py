@@ -31,6 +31,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from .distributed import DistEnv, barrier
+from .rundir import fsync
 
 
 class CheckpointError(RuntimeError):
@@ -55,14 +56,6 @@ def _sha256(path: Path) -> str:
 
 def _files(root: Path) -> list[Path]:
     return sorted(p for p in root.rglob("*") if p.is_file() and p.name != "meta.json")
-
-
-def _fsync(path: Path):
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def save_checkpoint(ckpt_root: Path, step: int, model: torch.nn.Module, optimizer, extra: dict, keep: int = 2,
@@ -91,11 +84,11 @@ def save_checkpoint(ckpt_root: Path, step: int, model: torch.nn.Module, optimize
         files = _files(tmp)
         (tmp / "meta.json").write_text(json.dumps({"step": step, "files": {str(f.relative_to(tmp)): _sha256(f) for f in files}}, indent=1))
         for f in [*files, tmp / "meta.json"]:
-            _fsync(f)
+            fsync(f)
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
-        _fsync(ckpt_root)
+        fsync(ckpt_root)
         for old in list_checkpoints(ckpt_root)[:-keep]:
             shutil.rmtree(old, ignore_errors=True)
     barrier(env)
