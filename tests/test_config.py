@@ -2,7 +2,9 @@ import pytest
 
 from basecap.config import ExperimentConfig, apply_overrides, load_experiment, validate_run
 from basecap.config_base import ConfigError
+from basecap.matching import resolve
 from basecap.model import ModelConfig
+from basecap.presets import PRESETS, preset_names
 
 EXP = """
 name = "t"
@@ -133,3 +135,39 @@ model = {mixer = {window = 8}}
     assert runs["a"].model.mixer.window == 0
     with pytest.raises(ConfigError, match=r"sizes.tiny.runs: unknown run\(s\) \['zz'\]"):
         load_experiment(write(tmp_path, text.replace("runs.b]", "runs.zz]")))
+
+
+def test_validating_builds_nothing_and_resolve_matches(monkeypatch):
+    import basecap.model
+
+    def no_models(*a, **k):
+        raise AssertionError("validation built a model")
+
+    monkeypatch.setattr(basecap.model.LM, "__init__", no_models)
+    cfg = ModelConfig(preset="tiny", mixer={"name": "mamba2"})
+    assert cfg.match_params and cfg.mixer.expand == 2  # as written
+    monkeypatch.undo()
+    got = resolve(cfg)
+    assert got.mixer.expand != 2 and resolve(got) == got  # matched; resolving again changes nothing
+    run = resolve(validate_run({"name": "r", "model": {"preset": "tiny", "mixer": {"name": "attention", "window": 8}}}))
+    assert run.model.mlp.hidden_mult != ModelConfig(mixer={"name": "attention"}).mlp.hidden_mult
+
+
+def test_preset_names_come_from_one_table():
+    assert preset_names() == list(PRESETS)
+    with pytest.raises(ValueError, match="'tiny', '110m' or '1.3b'"):
+        ModelConfig(preset="huge")
+
+
+def test_experiment_resolution_checks_suites_and_matches(tmp_path):
+    from basecap.experiment import resolve_experiment
+
+    text = EXP.replace("max_seq_len = 64", "max_seq_len = 64\nmatch_params = true").replace(
+        'position = "alibi"}', 'position = "alibi", window = 4}')
+    exp, runs = resolve_experiment(write(tmp_path, text))
+    assert [r.model for r in runs] == [r.model for r in exp.resolve()]
+    assert runs[1].model.mlp != exp.run_configs()[1].model.mlp  # b differs from Transformer++: its MLP is resized
+    with pytest.raises(ConfigError, match=r"suites\[0\]: suite 'mqar': unknown option\(s\) \['stepz'\]"):
+        resolve_experiment(write(tmp_path, text + '\n[[suites]]\nsuite = "mqar"\nstepz = 3\n'))
+    with pytest.raises(ConfigError, match="unknown suite 'nope'"):
+        resolve_experiment(write(tmp_path, text + '\n[[suites]]\nsuite = "nope"\n'))

@@ -3,7 +3,7 @@ import pytest
 from basecap.cli import main
 from basecap.mixers import mixer_names
 from basecap.model import ModelConfig
-from basecap.presets import count_params
+from basecap.matching import count_params, resolve
 
 
 def test_preset_fills_shape_and_explicit_values_win():
@@ -14,8 +14,8 @@ def test_preset_fills_shape_and_explicit_values_win():
 
 @pytest.mark.parametrize("name", mixer_names())
 def test_tiny_preset_matches_transformer_pp_within_5_percent(name):
-    ref = count_params(ModelConfig(preset="tiny", mixer={"name": "attention"}))
-    got = count_params(ModelConfig(preset="tiny", mixer={"name": name}))
+    ref = count_params(resolve(ModelConfig(preset="tiny", mixer={"name": "attention"})))
+    got = count_params(resolve(ModelConfig(preset="tiny", mixer={"name": name})))
     assert abs(got - ref) / ref <= 0.05, f"{name}: {got} non-embedding params vs Transformer++ {ref}"
 
 

@@ -1,8 +1,10 @@
 """Typed experiment configuration.
 
 An experiment file (TOML) holds a *base* run (``[data]``, ``[model]``, ``[train]``, ``[eval]``), a list of
-``[[runs]]`` that each override parts of the base, and the seeds to repeat every run with. ``resolve``
-turns it into fully validated ``RunConfig`` objects before anything is computed.
+``[[runs]]`` that each override parts of the base, and the seeds to repeat every run with.
+``run_configs`` turns it into validated ``RunConfig`` objects (validation builds nothing);
+``resolve`` then applies the explicit resolve step (parameter matching) to each, giving the configs
+that are trained, planned and written to ``run.json``.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Any, Literal
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from .config_base import ConfigError, Strict, format_validation_error
+from .matching import resolve as resolve_config
 from .model import ModelConfig
 
 
@@ -160,7 +163,12 @@ class ExperimentConfig(Strict):
         return Path(self.out_dir or (f"runs/{self.name}" + (f"-{self.size}" if self.size else "")))
 
     def resolve(self) -> list[RunConfig]:
-        """Every (run, seed) as a validated RunConfig; all errors are raised before any compute."""
+        """Every (run, seed) resolved for training or planning: validated, then parameter-matched."""
+        return [resolve_config(rc) for rc in self.run_configs()]
+
+    def run_configs(self) -> list[RunConfig]:
+        """Every (run, seed) as a validated RunConfig, as written (no parameter matching); all errors
+        are raised before any compute."""
         base = {k: getattr(self, k) for k in _SECTIONS}
         size = self.sizes.get(self.size, {}) if self.size is not None else {}
         base = deep_merge(base, {k: v for k, v in size.items() if k != "runs"})
@@ -238,9 +246,5 @@ def load_experiment(path: str | Path, overrides: list[str] | None = None) -> Exp
         exp = ExperimentConfig.model_validate(data)
     except ValidationError as e:
         raise ConfigError(f"{path}: " + format_validation_error(e)) from None
-    exp.resolve()  # validate every run now, before any compute
-    for spec in exp.suites:
-        from .eval.suites import check_suite_options
-
-        check_suite_options(spec["suite"], {k: v for k, v in spec.items() if k not in ("suite", "name")})
+    exp.run_configs()  # validate every run now, before any compute
     return exp

@@ -4,38 +4,54 @@ runs are skipped, interrupted ones resume), evaluate each on the test split, wri
 from __future__ import annotations
 
 import json
-import shutil
 import time
 from pathlib import Path
 
 from .config import ExperimentConfig, RunConfig, load_experiment
 from .config_base import ConfigError
+from .rundir import RunDir, atomic_write, write_json
 
 
 def run_dirs(exp: ExperimentConfig) -> dict[str, Path]:
-    return {rc.run_id: exp.output_dir() / rc.run_id for rc in exp.resolve()}
+    return {rc.run_id: exp.output_dir() / rc.run_id for rc in exp.run_configs()}
+
+
+def suite_options(spec: dict) -> dict:
+    """A ``[[suites]]`` entry's options: everything but ``suite`` and ``name``."""
+    return {k: v for k, v in spec.items() if k not in ("suite", "name")}
+
+
+def resolve_experiment(path: str | Path, overrides: list[str] | None = None) -> tuple[ExperimentConfig, list[RunConfig]]:
+    """An experiment file read, validated and resolved: its suites' options checked and every run
+    parameter-matched, all before any compute."""
+    from .eval.suites import check_suite_options
+
+    exp = load_experiment(path, overrides)
+    for i, spec in enumerate(exp.suites):
+        try:
+            check_suite_options(spec["suite"], suite_options(spec))
+        except ConfigError as e:
+            raise ConfigError(f"suites[{i}]: {e}") from None
+    return exp, exp.resolve()
 
 
 def prepare_corpus(runs: list[RunConfig], log=print):
+    """The experiment's one corpus, built (or found cached) after every run's domains are checked against
+    its recipe."""
     from .data import build_corpus, load_recipe
+    from .data.loader import check_domains
 
     recipes = {rc.data.recipe for rc in runs}
     if len(recipes) != 1:
         raise ConfigError(f"data.recipe: every run of an experiment must use the same corpus, got {sorted(recipes)}")
     recipe = load_recipe(recipes.pop())
-    names = set(recipe.domains)
     for rc in runs:
-        for field, doms in (("data.train_weights", rc.data.train_weights), ("data.eval_domains", rc.data.eval_domains or [])):
-            bad = [d for d in doms if d not in names]
-            if bad:
-                raise ConfigError(f"{rc.name}: {field}: unknown domain(s) {bad}; the recipe has: {', '.join(sorted(names))}")
+        try:
+            check_domains({"data.train_weights": rc.data.train_weights, "data.eval_domains": rc.data.eval_domains or []},
+                          list(recipe.domains), source="recipe")
+        except ConfigError as e:
+            raise ConfigError(f"{rc.name}: {e}") from None
     return build_corpus(recipe, log=log)
-
-
-def suite_dir(run_dir: Path, spec: dict) -> Path:
-    """Where a suite entry writes: the run directory, or ``suite_<name>/`` when the entry is named (two
-    entries of the same suite, e.g. 0-shot and 5-shot lm-eval)."""
-    return run_dir / f"suite_{spec['name']}" if "name" in spec else run_dir
 
 
 def speed_spec(mixer) -> str:
@@ -62,10 +78,10 @@ def _same_options(result: Path, opts: dict) -> bool:
 def run_suites(exp: ExperimentConfig, rc: RunConfig, run_dir: Path, log=print):
     from .eval.suites import run_suite
 
+    rd = RunDir(run_dir)
     for spec in exp.suites:
-        opts = {k: v for k, v in spec.items() if k not in ("suite", "name")}
-        out = suite_dir(run_dir, spec)
-        target = out / f"eval_{spec['suite']}.json"
+        opts = suite_options(spec)
+        out, target = rd.suite_dir(spec.get("name")), rd.suite_result(spec["suite"], spec.get("name"))
         if _same_options(target, opts):
             continue
         log(f"[{rc.run_id}] suite {spec['suite']}{' (' + spec['name'] + ')' if 'name' in spec else ''}")
@@ -73,10 +89,10 @@ def run_suites(exp: ExperimentConfig, rc: RunConfig, run_dir: Path, log=print):
         if from_scratch and "seed" in opts:
             # trains a fresh model from the mixer config: with a fixed seed every seed of this run gives the
             # same result, so compute it once per architecture and reuse it
-            first = suite_dir(run_dir.parent / f"{rc.name}-s{exp.seeds[0]}", spec) / target.name
+            first = RunDir(rd.path.parent / f"{rc.name}-s{exp.seeds[0]}").suite_result(spec["suite"], spec.get("name"))
             if first != target and _same_options(first, opts):
                 out.mkdir(parents=True, exist_ok=True)
-                shutil.copyfile(first, target)
+                atomic_write(target, first.read_bytes())
                 continue
         elif from_scratch:
             opts["seed"] = rc.seed  # vary the from-scratch training with the run's seed: a spread over seeds
@@ -90,19 +106,18 @@ def run_experiment(path: str | Path, overrides: list[str] | None = None, log=pri
     from .train import train
 
     t0 = time.perf_counter()
-    exp = load_experiment(path, overrides)
-    runs = exp.resolve()
+    exp, runs = resolve_experiment(path, overrides)
     corpus = prepare_corpus(runs, log=log)
     out = exp.output_dir()
     out.mkdir(parents=True, exist_ok=True)
-    (out / "experiment.json").write_text(json.dumps(json.loads(exp.model_dump_json()), indent=1))
+    write_json(out / "experiment.json", json.loads(exp.model_dump_json()))
     for i, rc in enumerate(runs, 1):
         log(f"== run {i}/{len(runs)}: {rc.run_id}")
-        rd = out / rc.run_id
-        train(rc, rd, corpus=corpus, log=log)
-        if not (rd / "eval.json").exists():
-            evaluate_run(rd, corpus=corpus, log=log)
-        run_suites(exp, rc, rd, log=log)
+        rd = RunDir(out / rc.run_id)
+        train(rc, rd.path, corpus=corpus, log=log)
+        if not rd.eval_path.exists():
+            evaluate_run(rd.path, corpus=corpus, log=log)
+        run_suites(exp, rc, rd.path, log=log)
     speed_json = None
     if exp.speed is not None:
         speed_json = out / "speed" / "mixers.json"

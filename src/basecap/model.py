@@ -18,12 +18,19 @@ from torch import nn
 from .config_base import Strict
 from .mixers import MixerConfig, build_mixer, mlp_class, parse_mixer_config, parse_mlp_config
 from .mixers.attention import AttentionConfig
+from .presets import PRESETS
+
+PresetName = Literal[tuple(PRESETS)]
 
 
 class ModelConfig(Strict):
-    preset: Literal["tiny", "110m", "1.3b"] | None = Field(None, description="size preset: fills d_model, n_layers, max_seq_len "
-                                                            "(explicit values win) and turns on match_params")
-    match_params: bool = Field(False, description="resize the MLP so non-embedding params match Transformer++ at this depth/width")
+    """The model's shape and parts. Validating it builds nothing; ``match_params`` is applied by the
+    explicit resolve step (``basecap.matching.resolve``)."""
+
+    preset: PresetName | None = Field(None, description="size preset: fills d_model, n_layers, max_seq_len "
+                                                         "(explicit values win) and turns on match_params")
+    match_params: bool = Field(False, description="resize the MLP so non-embedding params match Transformer++ at this depth/width "
+                                                  "(applied when the config is resolved)")
     vocab_size: int = Field(8192, gt=0, description="set from the tokenizer when data is built")
     d_model: int = Field(192, gt=0)
     n_layers: int = Field(4, gt=0)
@@ -39,8 +46,6 @@ class ModelConfig(Strict):
     @classmethod
     def _preset(cls, data):
         if isinstance(data, dict) and data.get("preset") is not None:
-            from .presets import PRESETS
-
             if data["preset"] not in PRESETS:
                 return data  # the Literal check reports it
             data = {**PRESETS[data["preset"]], "match_params": True, **data}
@@ -59,15 +64,10 @@ class ModelConfig(Strict):
         return {int(k): parse_mixer_config(m, f"model.layer_mixers.{k}") for k, m in (v or {}).items()}
 
     @model_validator(mode="after")
-    def _resolve_mlp(self):
+    def _default_mlp(self):
         if self.mlp is None or isinstance(self.mlp, dict):
             data = self.mlp if isinstance(self.mlp, dict) else {"name": self.mixer.default_mlp()}
             object.__setattr__(self, "mlp", parse_mlp_config(data, "model.mlp"))
-        if self.match_params and not self.layer_mixers:
-            from .presets import matched_mixer, matched_mlp
-
-            object.__setattr__(self, "mlp", matched_mlp(self))
-            object.__setattr__(self, "mixer", matched_mixer(self))
         bad = [i for i in self.layer_mixers if not 0 <= i < self.n_layers]
         if bad:
             raise ValueError(f"layer_mixers: layer indices {bad} outside 0..{self.n_layers - 1}")
@@ -182,3 +182,8 @@ class LM(nn.Module):
 
     def state_size(self, seq_len: int) -> int:
         return sum(b.mixer.state_size(seq_len) + b.mlp.state_size(seq_len) for b in self.blocks)
+
+
+def build_model(model_cfg: ModelConfig, vocab_size: int | None = None) -> LM:
+    """The LM of a (resolved) model config, with the corpus's vocabulary when given."""
+    return LM(model_cfg if vocab_size is None else model_cfg.model_copy(update={"vocab_size": vocab_size}))

@@ -9,7 +9,6 @@ measured). A configuration that runs out of memory is reported as OOM, not dropp
 from __future__ import annotations
 
 import argparse
-import json
 from contextlib import nullcontext
 from pathlib import Path
 
@@ -32,11 +31,14 @@ def _step(model, opt, idx, autocast):
 
 
 def main(argv: list[str] | None = None):
+    from ..matching import resolve
     from ..model import LM, ModelConfig
+    from ..presets import preset_names
+    from ..rundir import write_json
 
     ap = argparse.ArgumentParser(prog="basecap bench throughput", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--mixers", nargs="*", default=["attention", "mamba2", "gated_deltanet", "top1_chunk"])
-    ap.add_argument("--preset", default="110m", choices=["tiny", "110m", "1.3b"])
+    ap.add_argument("--preset", default="110m", choices=preset_names())
     ap.add_argument("--lengths", nargs="*", type=int, default=[2048, 8192, 32768])
     ap.add_argument("--vocab", type=int, default=32000)
     ap.add_argument("--reps", type=int, default=3)
@@ -57,7 +59,7 @@ def main(argv: list[str] | None = None):
             row = {"mixer": name, "T": T}
             try:
                 torch.manual_seed(0)
-                cfg = ModelConfig(preset=args.preset, vocab_size=args.vocab, max_seq_len=T, mixer=mixer)
+                cfg = resolve(ModelConfig(preset=args.preset, vocab_size=args.vocab, max_seq_len=T, mixer=mixer))
                 model = LM(cfg).to(dev)
                 opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=dev.type == "cuda")
                 idx = torch.randint(0, args.vocab, (1, T + 1), device=dev)
@@ -77,7 +79,7 @@ def main(argv: list[str] | None = None):
     out.mkdir(parents=True, exist_ok=True)
     meta = {"device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu", "preset": args.preset, "vocab": args.vocab,
             "dtype": "bf16 autocast" if autocast else "fp32", "torch": torch.__version__}
-    (out / "throughput.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    write_json(out / "throughput.json", {"meta": meta, "rows": rows})
     print(f"written: {out / 'throughput.json'}")
     return rows
 

@@ -9,7 +9,6 @@ they are configured work, not overhead), and the ratio.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import tempfile
 import time
@@ -35,7 +34,10 @@ def _plain_steps(model, opt, batches, clip):
 def main(argv: list[str] | None = None):
     from ..config import validate_run
     from ..data import TrainBatches, build_corpus, load_recipe
-    from ..train import build_model, make_optimizer, train
+    from ..matching import resolve
+    from ..model import build_model
+    from ..rundir import RunDir, write_json
+    from ..train import make_optimizer, train
 
     ap = argparse.ArgumentParser(prog="basecap bench train", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--recipe", default="default")
@@ -52,12 +54,12 @@ def main(argv: list[str] | None = None):
     corpus = build_corpus(load_recipe(args.recipe))
     domain = corpus.domains[0]
     steps = args.steps
-    cfg = validate_run({
+    cfg = resolve(validate_run({
         "name": "bench", "data": {"recipe": args.recipe, "train_weights": {domain: 1.0}, "seq_len": args.seq_len, "eval_domains": [domain]},
         "model": {"d_model": args.d_model, "n_layers": args.layers, "max_seq_len": args.seq_len, "mixer": {"name": args.mixer}},
         "train": {"steps": steps, "batch_size": args.batch, "warmup_steps": 1, "checkpoint_every": 10**9, "progress": False},
         "eval": {"every": 10**9, "max_tokens": args.seq_len * 8, "batch_size": 8},
-    })
+    }))
     tb = TrainBatches(corpus, weights={domain: 1.0}, seq_len=args.seq_len, batch_size=args.batch, seed=0)
     batches = [tb.batch(s) for s in range(steps)]
     tok = args.batch * args.seq_len
@@ -65,10 +67,10 @@ def main(argv: list[str] | None = None):
     for w in range(args.windows):
         with tempfile.TemporaryDirectory() as tmp:
             train(cfg, Path(tmp) / "run", corpus=corpus, log=lambda *_: None)
-            recs = [json.loads(line) for line in (Path(tmp) / "run" / "metrics.jsonl").read_text().splitlines()]
+            recs = RunDir(Path(tmp) / "run").read_metrics()
             trainer_tps += [r["tokens_per_s"] for r in recs if r["kind"] == "train"][2:]  # skip warm-up steps
         torch.manual_seed(0)
-        model = build_model(cfg, corpus.vocab_size)
+        model = build_model(cfg.model, corpus.vocab_size)
         opt = make_optimizer(model, cfg.train)
         plain_tps += [tok / t for t in _plain_steps(model, opt, batches, cfg.train.grad_clip)[2:]]
     tr, pl = statistics.median(trainer_tps), statistics.median(plain_tps)
@@ -81,7 +83,7 @@ def main(argv: list[str] | None = None):
     print(f"trainer overhead: {100 * overhead:+.1f}% (target <= 5%: {'met' if res['met'] else 'MISSED'})")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "train.json").write_text(json.dumps(res, indent=1))
+    write_json(out / "train.json", res)
     print(f"written: {out / 'train.json'}")
     return res
 

@@ -10,7 +10,7 @@ so the union over ranks does not depend on how many ranks share it.
 from __future__ import annotations
 
 import numbers
-from typing import Iterator
+from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -19,14 +19,21 @@ from ..config_base import ConfigError
 from .corpus import Corpus
 
 
+def check_domains(fields: dict[str, Iterable[str]], known: Sequence[str], source: str = "corpus") -> None:
+    """The one check of domain names: every name listed under each field (e.g. ``data.train_weights``)
+    must be one of ``known`` (the domains of a corpus, or of the recipe it will be built from)."""
+    for field, names in fields.items():
+        bad = [d for d in names if d not in known]
+        if bad:
+            raise ConfigError(f"{field}: unknown domain(s) {bad}; the {source} has: {', '.join(known)}")
+
+
 class TrainBatches:
     """Windows of ``seq_len + 1`` tokens from the train splits, domains drawn by ``weights``."""
 
     def __init__(self, corpus: Corpus, weights: dict[str, float], seq_len: int, batch_size: int,
                  seed: int = 0, rank: int = 0, world_size: int = 1, split: str = "train"):
-        unknown = sorted(set(weights) - set(corpus.domains))
-        if unknown:
-            raise ConfigError(f"unknown domain(s) {unknown} in training weights; this corpus has {corpus.domains}")
+        check_domains({"training weights": weights}, corpus.domains)
         bad = {d: w for d, w in weights.items() if not (isinstance(w, numbers.Real) and 0 <= w < float("inf"))}
         if bad:
             raise ConfigError(f"training weights must be finite and >= 0, got {bad}")

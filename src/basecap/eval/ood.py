@@ -18,8 +18,9 @@ class DomainEvaluator:
     """Holds fixed evaluation windows per domain so every evaluation of a run sees the same tokens."""
 
     def __init__(self, corpus, domains: list[str], split: str, seq_len: int, batch_size: int, max_tokens: int):
-        from ..data import eval_batches
+        from ..data.loader import check_domains, eval_batches
 
+        check_domains({"evaluation domains": domains}, corpus.domains)
         self.split = split
         self.batches = {d: list(eval_batches(corpus, d, split=split, seq_len=seq_len, batch_size=batch_size, max_tokens=max_tokens)) for d in domains}
         empty = [d for d, b in self.batches.items() if not b]

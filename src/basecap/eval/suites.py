@@ -14,8 +14,6 @@ which is how the tests and notebooks evaluate a model that has no run directory.
 from __future__ import annotations
 
 import inspect
-import json
-import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,8 +21,10 @@ from typing import Any
 
 import torch
 
-SUITES = {"lm-eval", "mqar", "passkey", "niah", "recall", "extrapolation"}
+from ..config_base import ConfigError
+from ..rundir import suite_file, write_json
 
+# the registry: suite name -> "module:function" in this package, imported only when the suite runs
 _RUNNERS = {
     "lm-eval": "harness:lm_eval_suite",
     "mqar": "recall:mqar_suite",
@@ -33,6 +33,11 @@ _RUNNERS = {
     "recall": "recall:recall_suite",
     "extrapolation": "longctx:extrapolation_suite",
 }
+
+
+def suite_names() -> list[str]:
+    """Every registered suite, in registry order (the CLI's choices)."""
+    return list(_RUNNERS)
 
 
 @dataclass
@@ -133,14 +138,6 @@ def cut_at_stop(text: str, stop: tuple[str, ...] | list[str]) -> str:
     return text[:cut]
 
 
-def write_json(path: Path, obj: dict) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(obj, indent=1, default=str))
-    os.replace(tmp, path)
-    return path
-
-
 # lm-eval's options, listed here so experiment files validate without importing lm-eval
 LM_EVAL_OPTIONS = ("tasks", "num_fewshot", "limit", "batch_size", "include_path", "seed", "max_length")
 
@@ -154,10 +151,8 @@ def _runner(suite: str):
 
 def suite_options(suite: str) -> list[str]:
     """The option names a suite accepts."""
-    from ..config_base import ConfigError
-
-    if suite not in SUITES:
-        raise ConfigError(f"unknown suite {suite!r}; allowed: {', '.join(sorted(SUITES))}")
+    if suite not in _RUNNERS:
+        raise ConfigError(f"unknown suite {suite!r}; allowed: {', '.join(sorted(_RUNNERS))}")
     if suite == "lm-eval":
         return list(LM_EVAL_OPTIONS)
     return [p for p in inspect.signature(_runner(suite)).parameters if p not in ("subject", "out_dir")]
@@ -165,8 +160,6 @@ def suite_options(suite: str) -> list[str]:
 
 def check_suite_options(suite: str, options: dict) -> None:
     """Fail (naming the key) on an unknown suite or option, before any compute."""
-    from ..config_base import ConfigError
-
     allowed = suite_options(suite)
     bad = sorted(set(options) - set(allowed))
     if bad:
@@ -190,21 +183,6 @@ def run_suite(run_dir, suite: str, out_dir: str | Path | None = None, **options)
     res = fn(subject, out_dir=out_dir, **options)
     res = {"suite": suite, "model": subject.name, **subject.info, "seconds": round(time.time() - t0, 2),
            "options": dict(options), **res}
-    write_json(out_dir / f"eval_{suite}.json", res)
+    write_json(out_dir / suite_file(suite), res, default=str)
     return res
 
-
-def check_suite_options(suite: str, options: dict) -> None:
-    """Validate a suite name and its options before any compute (used by experiment files)."""
-    import importlib
-
-    from ..config_base import ConfigError
-
-    if suite not in SUITES:
-        raise ConfigError(f"suites: unknown suite {suite!r}; allowed: {', '.join(sorted(SUITES))}")
-    mod, fn_name = _RUNNERS[suite].split(":")
-    fn = getattr(importlib.import_module(f"{__package__}.{mod}"), fn_name)
-    allowed = [p for p in inspect.signature(fn).parameters if p not in ("subject", "out_dir")]
-    bad = sorted(set(options) - set(allowed))
-    if bad:
-        raise ConfigError(f"suites: suite {suite!r}: unknown option(s) {bad}; allowed: {', '.join(allowed)}")
