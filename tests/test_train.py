@@ -9,7 +9,8 @@ import pytest
 
 from basecap.checkpoint import CheckpointError, latest_good_checkpoint, list_checkpoints, load_weights
 from basecap.config import validate_run
-from basecap.train import TrainingDiverged, build_model, train
+from basecap.model import build_model
+from basecap.train import TrainingDiverged, train
 
 
 def run_cfg(recipe, steps=8, **train_over):
@@ -91,7 +92,7 @@ def test_corrupt_checkpoint_is_detected_and_previous_used(tiny_corpus, tiny_reci
     ckpts = list_checkpoints(tmp_path / "r" / "checkpoints")
     w = ckpts[-1] / "model.safetensors"
     w.write_bytes(w.read_bytes()[: w.stat().st_size // 2])  # truncated
-    model = build_model(cfg, tiny_corpus.vocab_size)
+    model = build_model(cfg.model, tiny_corpus.vocab_size)
     with pytest.raises(CheckpointError, match="model.safetensors is corrupt or truncated"):
         load_weights(ckpts[-1], model)
     msgs = []

@@ -14,6 +14,7 @@ import torch
 from transformers import GenerationConfig, PreTrainedTokenizerFast
 
 from ..data.tokenizer import EOT
+from ..rundir import RunDir, atomic_write, environment_info
 from .modeling import BasecapConfig, BasecapForCausalLM
 
 
@@ -28,17 +29,16 @@ def export_tokenizer(tokenizer_path: str | Path, out_dir: str | Path, max_len: i
     cfg_path = out_dir / "tokenizer_config.json"
     cfg = json.loads(cfg_path.read_text())
     cfg["tokenizer_class"] = "PreTrainedTokenizerFast"
-    cfg_path.write_text(json.dumps(cfg, indent=2) + "\n")
+    atomic_write(cfg_path, json.dumps(cfg, indent=2) + "\n")
     special = out_dir / "special_tokens_map.json"
     if not special.exists():  # transformers 5 keeps these in tokenizer_config.json only
-        special.write_text(json.dumps({"eos_token": EOT, "pad_token": EOT}, indent=2) + "\n")
+        atomic_write(special, json.dumps({"eos_token": EOT, "pad_token": EOT}, indent=2) + "\n")
     return tok
 
 
 def export_run(run_dir: str | Path, out_dir: str | Path, corpus=None, log=print) -> Path:
     """Export ``run_dir``'s newest good checkpoint to ``out_dir``; returns ``out_dir``."""
     from ..eval.final import load_trained
-    from ..train import environment_info
 
     model, cfg, corpus, ckpt = load_trained(run_dir, corpus, log)
     out = Path(out_dir)
@@ -49,9 +49,9 @@ def export_run(run_dir: str | Path, out_dir: str | Path, corpus=None, log=print)
     hf.generation_config = GenerationConfig(eos_token_id=eot, pad_token_id=eot, do_sample=False)
     hf.save_pretrained(str(out), max_shard_size="1000GB")  # one model.safetensors
     export_tokenizer(corpus.tokenizer_path, out, model.cfg.max_seq_len)
-    run_info = json.loads((Path(run_dir) / "run.json").read_text())
+    run_info = RunDir(run_dir).read_info()
     provenance = {"run_id": cfg.run_id, "checkpoint": ckpt.name, "corpus": corpus.dir.name,
                   "trained_with_commit": run_info.get("git_commit"), "basecap_commit": environment_info(torch.device("cpu"))["git_commit"]}
-    (out / "basecap_export.json").write_text(json.dumps(provenance, indent=1) + "\n")
+    atomic_write(out / "basecap_export.json", json.dumps(provenance, indent=1) + "\n")
     log(f"[{cfg.run_id}] exported {ckpt.name} to {out}")
     return out

@@ -12,13 +12,14 @@ and call a gap significant only when |mean| exceeds the seed spread (and there a
 from __future__ import annotations
 
 import base64
-import json
 import statistics
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+
+from ..rundir import RunDir, atomic_write, write_json
 
 
 @dataclass
@@ -46,23 +47,12 @@ class Run:
 
 
 def load_run(run_dir: str | Path) -> Run:
-    run_dir = Path(run_dir)
-    info_path = run_dir / "run.json"
-    if not info_path.exists():
-        raise FileNotFoundError(f"{run_dir} is not a basecap run directory (no run.json)")
-    info = json.loads(info_path.read_text())
+    rd = RunDir(run_dir)
+    info = rd.read_info()
     cfg = info["config"]
-    run = Run(run_dir, info["run_id"], cfg["name"], cfg["seed"], info)
-    mpath = run_dir / "metrics.jsonl"
-    if mpath.exists():
-        for i, line in enumerate(mpath.read_text().splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError:
-                raise ValueError(f"{mpath}:{i}: not valid JSON") from None
-            (run.evals if rec.get("kind") == "eval" else run.train).append(rec)
+    run = Run(rd.path, info["run_id"], cfg["name"], cfg["seed"], info)
+    for rec in rd.read_metrics():
+        (run.evals if rec.get("kind") == "eval" else run.train).append(rec)
     return run
 
 
@@ -293,7 +283,7 @@ def report(run_dirs: list[str | Path], out_dir: str | Path, reference: str | Non
         md = head.rstrip() + "\n" + "\n".join(extra) + "\n\n## Figures" + figs
         md += "".join(f"\n![{p.stem}]({p.name})\n" for p in extra_images)
         images += extra_images
-    (out / "report.md").write_text(md)
-    (out / "report.html").write_text(_html(md, images))
-    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    atomic_write(out / "report.md", md)
+    atomic_write(out / "report.html", _html(md, images))
+    write_json(out / "summary.json", summary)
     return out / "report.md"

@@ -9,6 +9,8 @@ import statistics
 from collections import defaultdict
 from pathlib import Path
 
+from ..rundir import RunDir
+
 
 def _ms(vals):
     vals = [v for v in vals if v is not None]
@@ -28,11 +30,12 @@ def collect(runs) -> dict[str, dict[str, list[dict]]]:
     """suite label -> run name -> results over seeds. A named suite entry (suite_<name>/) is its own label."""
     found: dict[str, dict[str, list[dict]]] = defaultdict(lambda: defaultdict(list))
     for r in runs:
-        for path in sorted([*r.dir.glob("eval_*.json"), *r.dir.glob("suite_*/eval_*.json")]):
+        for path in RunDir(r.dir).suite_results():
             res = json.loads(path.read_text())
             if "suite" not in res:
                 continue
-            label = res["suite"] + (f" ({path.parent.name[6:]})" if path.parent.name.startswith("suite_") else "")
+            entry = RunDir.suite_label(path)
+            label = res["suite"] + (f" ({entry})" if entry is not None else "")
             found[label][r.name].append(res)
     return found
 
