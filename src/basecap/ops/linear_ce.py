@@ -35,25 +35,33 @@ def _compute_dtype(hidden: Tensor, weight: Tensor) -> torch.dtype:
     return torch.promote_types(torch.promote_types(hidden.dtype, weight.dtype), torch.float32)
 
 
-def _chunk_logits(h: Tensor, w: Tensor, t: Tensor, ignore_index: int):
-    """One chunk: logits [C, V], their log-sum-exp [C], per-token loss [C] (0 where ignored), valid mask [C]."""
+def _chunk(h: Tensor, w: Tensor, t: Tensor, ignore_index: int, grad: bool):
+    """One chunk of tokens: per-token loss [C] (0 where ignored), log-sum-exp [C] and, with ``grad``,
+    d loss_i / d logits = softmax - onehot [C, V], zero on ignored rows.
+
+    Works in place on the chunk's logits, the only [C, V] buffer (``torch.logsumexp`` would add a second)."""
     logits = h @ w.t()  # [C, V]
-    lse = torch.logsumexp(logits, dim=1)  # [C]
     valid = t != ignore_index
     t_safe = torch.where(valid, t, 0)
-    loss = torch.where(valid, lse - logits.gather(1, t_safe[:, None]).squeeze(1), 0.0)
-    return logits, lse, loss, valid, t_safe
-
-
-def _logit_grad_(logits: Tensor, lse: Tensor, valid: Tensor, t_safe: Tensor, row_scale: Tensor | None = None) -> Tensor:
-    """In place: logits -> d loss_i / d logits = softmax - onehot, zero on ignored rows, times ``row_scale``."""
-    g = logits.sub_(lse[:, None]).exp_()
+    target_logit = logits.gather(1, t_safe[:, None])  # [C, 1], a copy
+    m = logits.amax(dim=1, keepdim=True)
+    e = logits.sub_(m).exp_()
+    s = e.sum(dim=1, keepdim=True)
+    lse = m + s.log()
+    loss = torch.where(valid, (lse - target_logit).squeeze(1), 0.0)
+    if not grad:
+        return loss, lse.squeeze(1), None
+    g = e.div_(torch.where(valid[:, None], s, torch.inf))  # softmax; an ignored row divides to zero
     g.scatter_add_(1, t_safe[:, None], -valid.to(g.dtype)[:, None])
-    if row_scale is not None:
-        g.mul_(row_scale[:, None])
-    elif not bool(valid.all()):
-        g.mul_(valid.to(g.dtype)[:, None])
-    return g
+    return loss, lse.squeeze(1), g
+
+
+def _chunk_grad(h: Tensor, w: Tensor, t: Tensor, lse: Tensor, row_scale: Tensor, ignore_index: int) -> Tensor:
+    """d (sum_i row_scale_i loss_i) / d logits [C, V] of one chunk, recomputed from its log-sum-exp."""
+    valid = t != ignore_index
+    g = (h @ w.t()).sub_(lse[:, None]).exp_()
+    g.scatter_add_(1, torch.where(valid, t, 0)[:, None], -valid.to(g.dtype)[:, None])
+    return g.mul_(torch.where(valid, row_scale, 0)[:, None])
 
 
 def _forward(hidden: Tensor, weight: Tensor, targets: Tensor, chunk: int, ignore_index: int, grad_hidden: bool, grad_weight: bool):
@@ -69,11 +77,9 @@ def _forward(hidden: Tensor, weight: Tensor, targets: Tensor, chunk: int, ignore
     for s in range(0, N, chunk):
         e = min(s + chunk, N)
         h = hidden[s:e].to(dt)  # [C, D]
-        logits, lse, loss, valid, t_safe = _chunk_logits(h, w, targets[s:e], ignore_index)
-        losses[s:e], lses[s:e] = loss, lse
-        if gh is None and gw is None:
+        losses[s:e], lses[s:e], g = _chunk(h, w, targets[s:e], ignore_index, gh is not None or gw is not None)
+        if g is None:
             continue
-        g = _logit_grad_(logits, lse, valid, t_safe)  # [C, V]
         if gh is not None:
             torch.mm(g, w, out=gh[s:e])
         if gw is not None:
@@ -136,10 +142,8 @@ class _LinearCrossEntropyPerToken(torch.autograd.Function):
         gw = torch.zeros_like(w) if need_w else None
         for s in range(0, hidden.shape[0], ctx.chunk):
             e = min(s + ctx.chunk, hidden.shape[0])
-            h, t = hidden[s:e].to(dt), targets[s:e]
-            valid = t != ctx.ignore_index
-            t_safe = torch.where(valid, t, 0)
-            g = _logit_grad_(h @ w.t(), lses[s:e], valid, t_safe, row_scale=grad_out[s:e] * valid)
+            h = hidden[s:e].to(dt)
+            g = _chunk_grad(h, w, targets[s:e], lses[s:e], grad_out[s:e], ctx.ignore_index)  # [C, V]
             if gh is not None:
                 torch.mm(g, w, out=gh[s:e])
             if gw is not None:
