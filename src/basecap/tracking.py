@@ -5,9 +5,9 @@ and ``{"kind": "eval", ...}``) to the loggers opened here, which write scalars a
 ``train/...`` and ``eval/...`` tags. Both packages are optional (``pip install 'basecap[tensorboard]'``,
 ``'basecap[wandb]'``); this module imports neither until a logger is opened.
 
-Resume. Training resumes exactly, so a resumed run recomputes the same records from its checkpoint on. Each
-sink knows the last step it already holds on disk; it skips records up to that step and, when it holds
-fewer than the checkpoint, fills the gap from ``metrics.jsonl`` (``history``). A run killed and resumed so
+Resume. Training resumes exactly, so a resumed run recomputes the same records from its checkpoint on (all
+but the measured tokens/s). Each sink knows the last step it already holds on disk; it skips records up to
+that step and, when it holds fewer than the checkpoint, fills the gap from ``metrics.jsonl`` (``history``). A run killed and resumed so
 shows each step once, in the same TensorBoard folder and the same W&B run:
 
 - TensorBoard is flushed at every checkpoint and the flushed step is recorded; a reopened writer purges
