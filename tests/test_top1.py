@@ -12,9 +12,8 @@ import torch.nn.functional as F
 
 from basecap.config_base import ConfigError
 from basecap.mixers import build_mixer, parse_mixer_config
-from basecap.mixers.top1_chunk import chunk_ref
-from basecap.mixers.top1_element import element_ref
 from basecap.ops import top1 as T1
+from basecap.ops.top1 import ChunkSettings, chunk_ref, element_ref
 
 D_MODEL = 32
 
@@ -43,7 +42,9 @@ def chunk_core(q, k, v, impl="chunked", **cfg):
     m = mixer("top1_chunk", **cfg)
     pos = torch.arange(q.shape[2])
     if impl == "ref":
-        return chunk_ref(q, k, v, pos, m.scale, m.cfg)
+        c = m.cfg
+        return chunk_ref(q, k, v, pos, m.scale, c.chunk_len, selection=c.selection, own_chunk=c.own_chunk,
+                         selector_grad=c.selector_grad)
     return m._mix(q, k, v, pos, impl, None, None)
 
 
@@ -122,7 +123,7 @@ def test_fast_tile_kernel_math_on_cpu():
     g, gl = torch.randn(2, 2, 70, 8), torch.randn(2, 2, 70)
     res = []
     for kernel in (None, T1.tile_attention, sdpa_tile_attention):
-        o, lse = T1.attend_selected(q, k, v, sel, pos, 0.3, 8, 16, kernel, True)
+        o, lse = T1.attend_selected(q, k, v, sel, pos, ChunkSettings(0.3, 8, tile_rows=16, tile_kernel=kernel), True)
         loss = (o * g).sum() + (torch.where(sel >= 0, lse, 0.0) * gl).sum()
         res.append((o, lse, torch.autograd.grad(loss, (q, k, v))))
     for o, lse, grads in res[1:]:
@@ -171,8 +172,9 @@ def test_selector_gate_changes_gradients_not_outputs(selection):
     assert torch.equal(res["straight_through"][0], res["none"][0])
     assert rel(res["none"][1][1], res["straight_through"][1][1]) > 1e-3
     # without the gate, keys of chunks nobody selected get no gradient at all
-    sel = T1.approx_select(q, k, None, torch.arange(48), 1 / math.sqrt(8), 8, "candidate")[0] if selection == "approx" \
-        else T1.exact_select(q, k, torch.arange(48), 1 / math.sqrt(8), 8, "candidate", 16)[0]
+    settings = ChunkSettings(1 / math.sqrt(8), 8, select_rows=16)
+    sel = T1.approx_select(q, k, None, torch.arange(48), settings)[0] if selection == "approx" \
+        else T1.exact_select(q, k, torch.arange(48), settings)[0]
     dk = res["none"][1][1]
     for h in range(2):
         unused = set(range(6)) - set(sel[0, h].tolist())
@@ -183,7 +185,7 @@ def test_selector_gate_changes_gradients_not_outputs(selection):
 def test_approx_gate_gradient_is_log_softmax_of_chunk_scores():
     q, k = (t.requires_grad_() for t in qkv(T=40)[:2])
     pos, C, scale = torch.arange(40), 8, 0.3
-    sel, gate, _ = T1.approx_select(q, k, None, pos, scale, C, "candidate")
+    sel, gate, _ = T1.approx_select(q, k, None, pos, ChunkSettings(scale, C))
     w = torch.randn(1, 2, 40)
     dq, dk = torch.autograd.grad((gate * w).sum(), (q, k))
     # independent dense form of a_tj and log P_t,sel

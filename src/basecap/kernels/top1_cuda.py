@@ -1,8 +1,8 @@
 """CUDA path (``impl="fast"``) of the Top-1 selection mixers (Lu et al. 2025, arXiv 2505.18522).
 
-Gather + SDPA: queries are grouped into tiles by the chunk they selected (``ops.top1.attend_selected``)
-and each tile's in-chunk attention runs through ``F.scaled_dot_product_attention`` with a boolean
-mask (memory-efficient kernel: the [Q, C] probabilities are never stored for backward). The
+Gather + SDPA: queries are grouped into tiles by the chunk they selected
+(``ops.top1.tile.attend_selected``) and each tile's in-chunk attention runs through
+``F.scaled_dot_product_attention`` with a boolean mask (memory-efficient kernel: the [Q, C] probabilities are never stored for backward). The
 quadratic loops (Exact selection, Top-1 Element) reuse the blockwise code of ``ops.top1`` with
 larger query blocks. Imported only when ``impl="fast"`` meets a CUDA tensor; no Triton.
 """
@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..ops.top1 import NEG_INF
+from ..ops.top1.common import NEG_INF
 
 # query rows per block of the quadratic loops on GPU (memory ~ FAST_BLOCK * T * B * H * 8 bytes)
 FAST_BLOCK = 1024
@@ -20,7 +20,7 @@ FAST_BLOCK = 1024
 
 def sdpa_tile_attention(qt: torch.Tensor, kt: torch.Tensor, vt: torch.Tensor, mask: torch.Tensor, scale: float,
                         need_lse: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Same contract as ``ops.top1.tile_attention``: ``qt [N, Q, D]``, ``kt, vt [N, C, D]``, ``mask [N, Q, C]``.
+    """Same contract as ``ops.top1.tile.tile_attention``: ``qt [N, Q, D]``, ``kt, vt [N, C, D]``, ``mask [N, Q, C]``.
     SDPA does not return the logsumexp, so when it is needed (Exact's selector gradient, the forced
     own chunk) it is computed by one extra batched matmul."""
     o = F.scaled_dot_product_attention(qt[:, None], kt[:, None], vt[:, None], attn_mask=mask[:, None], scale=scale)[:, 0]

@@ -8,7 +8,7 @@ the lowest index. The argmax has no gradient, so training uses an estimator (``e
 i.e. soft-attention gradients for q and k; ``prob_ratio``: ``o_t = (p_i* / stopgrad(p_i*)) v_i*``.
 Projections, heads (head_dim 64) and RoPE as in Transformer++ (the ``attention`` mixer).
 
-``impl="ref"``: dense T x T fp32 scores (the oracle). ``"chunked"``: blockwise over query blocks of
+``impl="ref"``: dense T x T fp32 scores (the oracle, ``ops/top1/naive.py``). ``"chunked"``: blockwise over query blocks of
 ``chunk_size`` rows with a hand-written backward (memory O(chunk_size * T)). ``"fast"``: the same
 on CUDA with larger blocks (``basecap.kernels.top1_cuda``). See docs/top1.md.
 """
@@ -23,7 +23,7 @@ import torch
 from pydantic import Field
 from torch import nn
 
-from ..ops.top1 import SEL_DTYPE, append_time, top1_element
+from ..ops.top1 import append_time, element_ref, top1_element
 from .attention import apply_rope, rope_tables
 from .base import Impl, Mixer, MixerConfig, State
 
@@ -116,21 +116,6 @@ class SelectionMixer(Mixer):
 
     def state_size(self, seq_len: int) -> int:
         return 2 * self.n_heads * self.head_dim * seq_len * 4
-
-
-def element_ref(q, k, v, q_pos, scale: float, estimator: str) -> torch.Tensor:
-    """Dense oracle: full [Tq, Tk] scores, argmax in float64 (first maximum), estimator by autograd."""
-    vis = torch.arange(k.shape[2], device=q.device)[None, :] <= q_pos[:, None]  # [Tq, Tk]
-    s = ((q.float() @ k.float().transpose(-1, -2)) * scale).masked_fill(~vis, float("-inf"))
-    s64 = ((q.to(SEL_DTYPE) @ k.to(SEL_DTYPE).transpose(-1, -2)) * scale).masked_fill(~vis, float("-inf"))
-    idx = s64.argmax(-1, keepdim=True)  # [B, H, Tq, 1]
-    p = torch.softmax(s, dim=-1)
-    if estimator == "straight_through":
-        y = torch.zeros_like(p).scatter(-1, idx, 1.0) + (p - p.detach())  # exactly onehot in value
-        return (y @ v.float()).to(v.dtype)
-    p_sel = p.gather(-1, idx)
-    v_sel = v.gather(2, idx.expand(-1, -1, -1, v.shape[-1]))
-    return (p_sel / p_sel.detach()) * v_sel
 
 
 class Top1Element(SelectionMixer):
