@@ -112,6 +112,26 @@ def test_partial_chunks_and_odd_lengths(selection, own, T, C, tile):
             assert rel(a, b) < 1e-4
 
 
+@pytest.mark.parametrize("own,grad", [("candidate", "straight_through"), ("always", "straight_through"),
+                                      ("candidate", "none")])
+def test_approx_in_float64_matches_reference_and_leaves_q_alone(own, grad):
+    """For a float64 q, ``q.to(float64)`` is q itself: the Approx selection once scaled it in place,
+    and the tile attention then used the scaled q (fused form and select-then-attend form)."""
+    q, k, v = (t.double().requires_grad_() for t in qkv(T=37, B=2))
+    q_before = q.detach().clone()
+    g = torch.randn(2, 2, 37, 8, dtype=torch.float64)
+    outs = []
+    for impl in ("ref", "chunked"):
+        o = chunk_core(q, k, v, impl, selection="approx", own_chunk=own, selector_grad=grad, chunk_len=8, chunk_size=4)
+        assert o.dtype == torch.float64
+        outs.append((o, torch.autograd.grad(o, (q, k, v), g)))
+        assert torch.equal(q.detach(), q_before)
+    (o_ref, g_ref), (o, grads) = outs
+    assert rel(o, o_ref) < 1e-5
+    for a, b in zip(grads, g_ref):
+        assert rel(a, b) < 1e-4
+
+
 def test_fast_tile_kernel_math_on_cpu():
     """The CUDA path's SDPA tile kernel and the generic gather path, checked on CPU."""
     from basecap.kernels.top1_cuda import sdpa_tile_attention

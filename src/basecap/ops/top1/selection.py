@@ -76,7 +76,7 @@ def approx_forward(q: Tensor, k: Tensor, prev_sums: Tensor | None, q_pos: Tensor
         prefix = _within_chunk_cumsum(k[:, :, s:e], offset + s, C, carry if s == 0 else None, dtype=SEL_DTYPE)
         last = torch.clamp(torch.arange(c0 + 1, c1 + 2, device=q.device) * C - offset - s, max=e - s) - 1
         sums[:, :, c0 : c1 + 1] = prefix[:, :, last]  # running chunk totals
-        qb = q[:, :, s:e].to(SEL_DTYPE).mul_(scale)
+        qb = q[:, :, s:e].to(SEL_DTYPE) * scale  # not in place: for a float64 q, .to() returns q itself
         best = qb.new_full((B, H, e - s), NEG_INF)
         j = torch.zeros(B, H, e - s, dtype=torch.long, device=q.device)
         if c1 > 0:  # complete chunks j < c(t)
