@@ -56,6 +56,13 @@ class _Names:
         return name in self._load()
 
 
+def _command(sub, name: str, fn, summary: str, description: str | None = None) -> argparse.ArgumentParser:
+    """The parser of a command whose arguments go to ``fn``; its --help describes it with ``fn``'s docstring."""
+    sp = sub.add_parser(name, help=summary, description=description or fn.__doc__)
+    sp.set_defaults(fn=fn)
+    return sp
+
+
 def _experiment_args(sp) -> None:
     sp.add_argument("experiment", help="experiment TOML file (e.g. experiments/quickstart.toml)")
     sp.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
@@ -63,6 +70,8 @@ def _experiment_args(sp) -> None:
 
 
 def _cmd_data(args):
+    """Build a corpus from a recipe: real text per domain, de-duplicated, split by document hash,
+    tokenised. Cached in $BASECAP_HOME; a second build with the same inputs does nothing."""
     from .data import build_corpus, load_recipe, summarize
 
     if args.action != "build":
@@ -73,14 +82,11 @@ def _cmd_data(args):
 
 
 def _add_data(sub) -> None:
-    d = sub.add_parser("data", help="build a corpus (domains, splits, tokenizer, token shards) into the data home",
-                       description="Build a corpus from a recipe: real text per domain, de-duplicated, split by document hash, "
-                       "tokenised. Cached in $BASECAP_HOME; a second build with the same inputs does nothing.")
+    d = _command(sub, "data", _cmd_data, "build a corpus (domains, splits, tokenizer, token shards) into the data home")
     d.add_argument("action", choices=["build"], help="what to do")
     d.add_argument("recipe", nargs="?", default="default", help="built-in recipe name or path to a recipe TOML (default: default)")
     d.add_argument("--workers", type=int, default=None, help="tokenisation worker processes (default: the CPU count)")
     d.add_argument("--no-progress", action="store_true", help="no progress bars")
-    d.set_defaults(fn=_cmd_data)
 
 
 def _selected(exp, only):
@@ -95,6 +101,8 @@ def _selected(exp, only):
 
 
 def _cmd_train(args):
+    """Train every run of an experiment, or only those named with --run. Finished runs are skipped; an
+    interrupted run resumes from its last good checkpoint and continues with the same loss sequence."""
     import torch
 
     from .config import load_experiment
@@ -115,15 +123,14 @@ def _cmd_train(args):
 
 
 def _add_train(sub) -> None:
-    t = sub.add_parser("train", help="train the runs of an experiment (resumes interrupted runs)",
-                       description="Train every run of an experiment, or only those named with --run. Finished runs are skipped; "
-                       "an interrupted run resumes from its last good checkpoint and continues with the same loss sequence.")
+    t = _command(sub, "train", _cmd_train, "train the runs of an experiment (resumes interrupted runs)")
     _experiment_args(t)
     t.add_argument("--run", action="append", default=[], metavar="NAME", help="only this run (repeatable)")
-    t.set_defaults(fn=_cmd_train)
 
 
 def _cmd_eval(args):
+    """Evaluate the newest good checkpoint of RUN_DIR on the held-out split of every domain; writes
+    RUN_DIR/eval.json."""
     if args.suite != "loss":
         _run_suite(args)
         return
@@ -155,9 +162,7 @@ def _run_suite(args):
 
 
 def _add_eval(sub) -> None:
-    e = sub.add_parser("eval", help="evaluate a trained run: loss and bits per byte on every domain",
-                       description="Evaluate the newest good checkpoint of RUN_DIR on the held-out split of every domain; "
-                       "writes RUN_DIR/eval.json.")
+    e = _command(sub, "eval", _cmd_eval, "evaluate a trained run: loss and bits per byte on every domain")
     e.add_argument("run_dir")
     e.add_argument("--split", choices=["validation", "test"], default="test")
     e.add_argument("--max-tokens", type=int, default=None, help="tokens per domain (default: the run's eval.max_tokens)")
@@ -168,10 +173,12 @@ def _add_eval(sub) -> None:
     e.add_argument("--opt", action="append", default=[], metavar="KEY=VALUE",
                    help="a suite option, e.g. --opt num_fewshot=5 --opt lengths=[1024,2048] (repeatable)")
     e.add_argument("--out", default=None, help="suite output folder (default: RUN_DIR)")
-    e.set_defaults(fn=_cmd_eval)
 
 
 def _cmd_report(args):
+    """Write report.md, a self-contained report.html and PNG plots: training curves, in-domain vs OOD loss
+    over training, final losses and bits per byte, and each run's OOD gap to a reference run at matched
+    in-domain loss."""
     from .report import report
 
     out = args.out or (Path(args.run_dirs[0]).parent / "report")
@@ -181,33 +188,30 @@ def _cmd_report(args):
 
 
 def _add_report(sub) -> None:
-    r = sub.add_parser("report", help="tables and plots from run directories (report.md, report.html, PNGs)",
-                       description="Write report.md, a self-contained report.html and PNG plots: training curves, in-domain vs "
-                       "OOD loss over training, final losses and bits per byte, and each run's OOD gap to a reference run at "
-                       "matched in-domain loss.")
+    r = _command(sub, "report", _cmd_report, "tables and plots from run directories (report.md, report.html, PNGs)")
     r.add_argument("run_dirs", nargs="+")
     r.add_argument("--out", default=None, help="output folder (default: <parent of first run>/report)")
     r.add_argument("--reference", default=None, help="run name to compare against (default: the first run)")
     r.add_argument("--smooth", type=int, default=1, help="moving average over this many evaluations before matching")
     r.add_argument("--speed", default=None, help="a `basecap bench mixers` JSON to include as the speed section")
-    r.set_defaults(fn=_cmd_report)
 
 
 def _cmd_run(args):
+    """Build the corpus if needed, train every run (skipping finished ones, resuming interrupted ones),
+    evaluate each on the test split, and write the report."""
     from .experiment import run_experiment
 
     run_experiment(args.experiment, args.set)
 
 
 def _add_run(sub) -> None:
-    u = sub.add_parser("run", help="the whole experiment: build data if needed, train, evaluate, report",
-                       description="Build the corpus if needed, train every run (skipping finished ones, resuming interrupted "
-                       "ones), evaluate each on the test split, and write the report.")
+    u = _command(sub, "run", _cmd_run, "the whole experiment: build data if needed, train, evaluate, report")
     _experiment_args(u)
-    u.set_defaults(fn=_cmd_run)
 
 
 def _cmd_mixers(args):
+    """List every registered sequence mixer: its config switches, parameter count at a size preset (MLP
+    width matched to Transformer++), recurrent state bytes per sequence and asymptotic cost."""
     from .mixers.catalog import describe, format_table
 
     rows = describe(args.preset, args.seq_len)
@@ -218,17 +222,17 @@ def _cmd_mixers(args):
 
 
 def _add_mixers(sub) -> None:
-    mx = sub.add_parser("mixers", help="list every architecture with its switches, size, state and cost",
-                        description="List every registered sequence mixer: its config switches, parameter count at a size preset "
-                        "(MLP width matched to Transformer++), recurrent state bytes per sequence and asymptotic cost.")
+    mx = _command(sub, "mixers", _cmd_mixers, "list every architecture with its switches, size, state and cost")
     mx.add_argument("--preset", default="tiny", choices=_Names("basecap.presets", "PRESETS"), metavar="PRESET",
                     help="a size preset: %(choices)s (default: %(default)s)")
     mx.add_argument("--seq-len", type=int, default=2048)
     mx.add_argument("--json", action="store_true", help="machine-readable output")
-    mx.set_defaults(fn=_cmd_mixers)
 
 
 def _cmd_export(args):
+    """Write RUN_DIR's newest good checkpoint as a Hugging Face folder (config.json, safetensors, tokenizer
+    files). It loads with AutoModelForCausalLM once basecap.hf is imported; generate() matches basecap's
+    own decoding."""
     from .hf import export_run
 
     path = export_run(args.run_dir, args.out_dir)
@@ -236,16 +240,14 @@ def _cmd_export(args):
 
 
 def _add_export(sub) -> None:
-    x = sub.add_parser("export", help="write a trained run as a Hugging Face model folder",
-                       description="Write RUN_DIR's newest good checkpoint as a Hugging Face folder (config.json, safetensors, "
-                       "tokenizer files). It loads with AutoModelForCausalLM once basecap.hf is imported; generate() matches "
-                       "basecap's own decoding.")
+    x = _command(sub, "export", _cmd_export, "write a trained run as a Hugging Face model folder")
     x.add_argument("run_dir")
     x.add_argument("out_dir")
-    x.set_defaults(fn=_cmd_export)
 
 
 def _cmd_plan(args):
+    """Build every run's model on the meta device and estimate parameters, FLOPs per token, memory per GPU
+    and wall time for a number of GPUs (formulas in docs/scaling.md)."""
     from .plan import format_plan, plan_experiment
 
     rows = plan_experiment(args.experiment, args.set, gpus=args.gpus, gpu=args.gpu_type, mfu=args.mfu, parallel=args.parallel)
@@ -253,9 +255,7 @@ def _cmd_plan(args):
 
 
 def _add_plan(sub) -> None:
-    pl = sub.add_parser("plan", help="parameters, FLOPs, memory per GPU and wall time of every run, before launching",
-                        description="Build every run's model on the meta device and estimate parameters, FLOPs per token, memory "
-                        "per GPU and wall time for a number of GPUs (formulas in docs/scaling.md).")
+    pl = _command(sub, "plan", _cmd_plan, "parameters, FLOPs, memory per GPU and wall time of every run, before launching")
     _experiment_args(pl)
     pl.add_argument("--gpus", type=int, default=8)
     pl.add_argument("--gpu-type", default="H100-80GB",
@@ -263,7 +263,6 @@ def _add_plan(sub) -> None:
     pl.add_argument("--mfu", type=float, default=0.4, help="assumed model FLOPs utilisation")
     pl.add_argument("--parallel", choices=["ddp", "fsdp"], default=None, help="default: each run's train.parallel")
     pl.add_argument("--json", action="store_true")
-    pl.set_defaults(fn=_cmd_plan)
 
 
 def _cmd_bench(args):
@@ -272,12 +271,11 @@ def _cmd_bench(args):
 
 
 def _add_bench(sub) -> None:
-    b = sub.add_parser("bench", help="speed benchmarks (print a table, write JSON and a plot)",
-                       description="Benchmarks: " + "; ".join(f"{k}: {v}" for k, v in BENCHES.items()) + ". "
-                       "Pass --help after the name for its options.")
+    b = _command(sub, "bench", _cmd_bench, "speed benchmarks (print a table, write JSON and a plot)",
+                 "Benchmarks: " + "; ".join(f"{k}: {v}" for k, v in BENCHES.items()) + ". "
+                 "Pass --help after the name for its options.")
     b.add_argument("name", choices=sorted(BENCHES))
     b.add_argument("args", nargs=argparse.REMAINDER, help="options of that benchmark")
-    b.set_defaults(fn=_cmd_bench)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -294,10 +292,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         args.fn(args)
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except FileNotFoundError as e:
+    except (ConfigError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -14,17 +14,8 @@ from pathlib import Path
 from typing import Iterator
 
 from .recipe import HFDiskSource
-from .source_base import (
-    DataError,
-    MalformedRecordWarning,
-    PreparedSource,
-    SourceUnavailable,
-    expand_root,
-    get_field,
-    make_doc,
-    malformed,
-    mapped_domain,
-)
+from .source_base import (DataError, MalformedRecordWarning, PreparedSource, SourceUnavailable, expand_root, get_field,
+                          make_doc, malformed, mapped_domain)
 from .text import Doc, decode_utf8
 
 SUFFIXES = {"parquet": (".parquet",), "arrow": (".arrow", ".feather", ".ipc")}
