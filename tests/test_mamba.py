@@ -138,7 +138,7 @@ def test_mamba1_paper_defaults():
 
 def test_mamba2_paper_defaults():
     m = make({"name": "mamba2"}, d_model=64)
-    assert (m.d_inner, m.headdim, m.n_heads, m.d_state) == (128, 64, 2, 64)
+    assert (m.d_inner, m.head_dim, m.n_heads, m.d_state) == (128, 64, 2, 64)
     A = torch.exp(m.A_log)
     assert A.min() >= 1 and A.max() <= 16 and m.D.shape == (2,)
     dt = torch.nn.functional.softplus(m.dt_bias)

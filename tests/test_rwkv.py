@@ -171,7 +171,7 @@ def test_chunked_matches_ref_with_every_parameter_live(name):
 def test_rwkv7_decay_is_bounded_and_value_residual_absent(monkeypatch):
     """Whatever the weights, RWKV-7's per-step log decay stays in [-e^-0.5, 0] (what keeps the
     chunked form's factors bounded)."""
-    import basecap.mixers.rwkv7 as rwkv7
+    import basecap.mixers.kit.rwkv as rwkv_kit
 
     seen = []
 
@@ -179,7 +179,7 @@ def test_rwkv7_decay_is_bounded_and_value_residual_absent(monkeypatch):
         seen.append(log_w.detach())
         return wkv7_chunked(r, log_w, *rest, **kw)
 
-    monkeypatch.setattr(rwkv7, "wkv7_chunked", spy)
+    monkeypatch.setattr(rwkv_kit, "wkv7_chunked", spy)
     m = make("rwkv7")
     with torch.no_grad():
         for p in m.parameters():

@@ -92,7 +92,7 @@ def _core(variant, T, args, device):
         if variant == "sdpa":
             o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         else:
-            o = m._mix(q, k, v, pos, m._impl(q), None, None)
+            o = m._mix(q, k, v, pos, m.resolve_impl(q), None, None)
         o.sum().backward()
 
     return step

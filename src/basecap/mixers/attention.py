@@ -20,6 +20,8 @@ from pydantic import Field, model_validator
 from torch import nn
 
 from .base import Mixer, MixerConfig, State
+from .kit.heads import empty_kv, merge_heads, n_heads_for, qkvo_projections, split_heads
+from .kit.rope import rope_qk
 
 
 class AttentionConfig(MixerConfig):
@@ -43,20 +45,6 @@ class AttentionConfig(MixerConfig):
         return self.position == "absolute"
 
 
-def rope_tables(positions: torch.Tensor, dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
-    inv = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float32, device=positions.device) / dim))
-    ang = positions.float()[:, None] * inv[None, :]  # [T, D/2]
-    ang = torch.cat([ang, ang], dim=-1)
-    return ang.cos(), ang.sin()
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    # x [B, H, T, D]; rotate-half convention
-    x1, x2 = x.chunk(2, dim=-1)
-    rot = torch.cat([-x2, x1], dim=-1)
-    return (x * cos.to(x.dtype) + rot * sin.to(x.dtype))
-
-
 def alibi_slopes(n_heads: int) -> torch.Tensor:
     def pow2(n):
         start = 2 ** (-(2 ** -(math.log2(n) - 3)))
@@ -73,25 +61,16 @@ def alibi_slopes(n_heads: int) -> torch.Tensor:
 class Attention(Mixer):
     config_class = AttentionConfig
     impls = ("ref", "fast")
-    test_variants = [
-        {"head_dim": 8},
-        {"head_dim": 8, "position": "absolute"},
-        {"head_dim": 8, "position": "none", "temperature": 0.5},
-        {"head_dim": 8, "position": "alibi"},
-        {"head_dim": 8, "window": 5},
-        {"head_dim": 8, "window": 7, "position": "alibi"},
-        {"head_dim": 8, "position": "none", "score": "random_constant"},
-    ]
+    test_variants = [{"head_dim": 8, **switches} for switches in (
+        {}, {"position": "absolute"}, {"position": "none", "temperature": 0.5}, {"position": "alibi"}, {"window": 5},
+        {"window": 7, "position": "alibi"}, {"position": "none", "score": "random_constant"},
+    )]
 
     def __init__(self, d_model: int, cfg: AttentionConfig, layer_idx: int = 0, max_seq_len: int = 2048):
         super().__init__(d_model, cfg, layer_idx, max_seq_len)
-        self.n_heads = cfg.n_heads or max(1, d_model // cfg.head_dim)
+        self.n_heads = n_heads_for(d_model, cfg.head_dim, cfg.n_heads)
         self.head_dim = cfg.head_dim
-        inner = self.n_heads * self.head_dim
-        self.q_proj = nn.Linear(d_model, inner, bias=False)
-        self.k_proj = nn.Linear(d_model, inner, bias=False)
-        self.v_proj = nn.Linear(d_model, inner, bias=False)
-        self.o_proj = nn.Linear(inner, d_model, bias=False)
+        self.q_proj, self.k_proj, self.v_proj, self.o_proj = qkvo_projections(d_model, self.n_heads, self.head_dim)
         if cfg.score == "random_constant":
             self.score_table = nn.Parameter(torch.randn(self.n_heads, max_seq_len, max_seq_len) * 0.02)
         if cfg.position == "alibi":
@@ -99,13 +78,9 @@ class Attention(Mixer):
 
     # ---- helpers -------------------------------------------------------------------------
     def _qkv(self, x: torch.Tensor, offset: int):
-        B, T, _ = x.shape
-        q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)  # [B, H, T, D]
-        k = self.k_proj(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)
-        v = self.v_proj(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)
+        q, k, v = split_heads(x, (self.q_proj, self.k_proj, self.v_proj), self.n_heads, self.head_dim)  # [B, H, T, D]
         if self.cfg.position == "rope":
-            cos, sin = rope_tables(torch.arange(offset, offset + T, device=x.device), self.head_dim, self.cfg.rope_theta)
-            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+            q, k = rope_qk(q, k, offset, self.cfg.rope_theta)
         return q, k, v
 
     def _bias(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor | None:
@@ -175,7 +150,7 @@ class Attention(Mixer):
 
     # ---- contract --------------------------------------------------------------------------
     def forward(self, x: torch.Tensor, state: State | None = None):
-        B, T, _ = x.shape
+        T = x.shape[1]
         offset = 0 if state is None else int(state["pos"])
         q, k, v = self._qkv(x, offset)
         new_state = None
@@ -193,12 +168,11 @@ class Attention(Mixer):
                 drop = k_all.shape[2] - self.cfg.window
                 k_all, v_all, start = k_all[:, :, drop:], v_all[:, :, drop:], start + drop
             new_state = {"k": k_all, "v": v_all, "pos": offset + T, "start": start}
-        y = y.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim)
-        return self.o_proj(y), new_state
+        return self.o_proj(merge_heads(y)), new_state
 
     def init_state(self, batch: int, device="cpu", dtype=torch.float32) -> State:
-        empty = torch.zeros(batch, self.n_heads, 0, self.head_dim, device=device, dtype=dtype)
-        return {"k": empty, "v": empty.clone(), "pos": 0, "start": 0}
+        k, v = empty_kv(batch, self.n_heads, self.head_dim, device, dtype)
+        return {"k": k, "v": v, "pos": 0, "start": 0}
 
     def state_size(self, seq_len: int) -> int:
         kept = min(seq_len, self.cfg.window) if self.cfg.window else seq_len

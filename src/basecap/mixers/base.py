@@ -13,6 +13,7 @@ depend on ``seq_len``, for attention it grows with the cache.
 
 from __future__ import annotations
 
+import importlib
 from typing import ClassVar, Literal
 
 import torch
@@ -46,6 +47,8 @@ class Mixer(nn.Module):
     test_variants: ClassVar[list[dict]] = [{}]
     # Values of ``impl`` this mixer implements; the first is the oracle the others are tested against.
     impls: ClassVar[tuple[str, ...]] = ("ref",)
+    # The module of ``basecap.kernels`` behind ``impl = "fast"`` ("fla", "top1_cuda"); None: no fast form.
+    fast_kernels: ClassVar[str | None] = None
 
     def __init__(self, d_model: int, cfg: MixerConfig, layer_idx: int = 0, max_seq_len: int = 2048):
         super().__init__()
@@ -66,6 +69,18 @@ class Mixer(nn.Module):
     def flops_per_token(self, seq_len: int) -> float:
         """Forward multiply-adds x2 per token beyond the linear layers (e.g. attention scores)."""
         return 0.0
+
+    def resolve_impl(self, x: torch.Tensor) -> str:
+        """The form this call runs: ``cfg.impl``, with "auto" resolved to "fast" on CUDA where the fast
+        kernels run and to "chunked" elsewhere. The kernels module decides (and logs once) whether
+        "fast" runs; it depends on the device and the installation, never on the sequence length, and
+        "fast" where it cannot run is a configuration error. The kernels module is imported only for
+        a CUDA input or an explicit "fast", so a CPU run never imports Triton."""
+        impl = self.cfg.impl
+        if self.fast_kernels is not None and (impl == "fast" or (impl == "auto" and x.is_cuda)):
+            kernels = importlib.import_module(f"..kernels.{self.fast_kernels}", __package__)
+            return kernels.resolve_impl(self.cfg.name, impl, x)
+        return "chunked" if impl == "auto" else impl
 
 
 def state_bytes(state: State) -> int:

@@ -31,8 +31,8 @@ from pydantic import Field, field_validator
 from torch import nn
 
 from ..ops.linear_attn import taylor_features, taylor_linear_attn_chunked
-from .attention import apply_rope, rope_tables
 from .base import Mixer, MixerConfig, State
+from .kit.rope import rope_qk
 
 
 class BasedConfig(MixerConfig):
@@ -122,6 +122,7 @@ class Based(Mixer):
         {"n_heads": 4, "feature_dim": 4, "branches": "linear"},
         {"head_dim": 8, "window": 7, "branches": "window"},
     ]
+    fast_kernels = "fla"
 
     def __init__(self, d_model: int, cfg: BasedConfig, layer_idx: int = 0, max_seq_len: int = 2048):
         super().__init__(d_model, cfg, layer_idx, max_seq_len)
@@ -170,8 +171,7 @@ class Based(Mixer):
         H, D, W = self.w_heads, self.w_dim, self.cfg.window
         q, k, v = self.wqkv_proj(x).view(B, T, 3, H, D).permute(2, 0, 3, 1, 4)  # 3 x [B, H, T, D]
         offset = 0 if state is None else int(state["pos"])
-        cos, sin = rope_tables(torch.arange(offset, offset + T, device=x.device), D, self.cfg.rope_theta)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        q, k = rope_qk(q, k, offset, self.cfg.rope_theta)
         k_prev, v_prev = (None, None) if state is None else (state["k"], state["v"])
         attend = window_attention_dense if self.cfg.impl == "ref" else window_attention_blocked
         o = attend(q, k, v, W, k_prev, v_prev)
@@ -186,10 +186,7 @@ class Based(Mixer):
     def forward(self, x: torch.Tensor, state: State | None = None):
         new_state: dict = {}
         parts = []
-        impl = self.cfg.impl
-        if impl == "fast" or (impl == "auto" and x.is_cuda):
-            from ..kernels.fla import resolve_impl  # imports fla (Triton) only for a CUDA input
-            impl = resolve_impl(self.cfg.name, impl, x)
+        impl = self.resolve_impl(x)
         if self.use_linear:
             parts.append(self._linear(x, state, new_state, impl))
         if self.use_window:

@@ -19,7 +19,6 @@ dt ~ logU(1e-3, 0.1).
 
 from __future__ import annotations
 
-import math
 from typing import Literal
 
 import torch
@@ -27,9 +26,11 @@ import torch.nn.functional as F
 from pydantic import Field, model_validator
 from torch import nn
 
-from ..ops.delta_rule import delta_rule_chunked, delta_rule_recurrent, l2_normalize
+from ..ops.delta_rule import l2_normalize
 from ..ops.short_conv import ShortConv
 from .base import Mixer, MixerConfig, State
+from .kit.delta import DeltaRuleState, delta_flops, run_delta_rule
+from .kit.recurrent import check_ranges, conv_or_silu, init_A_log, init_dt_bias, keep_init
 
 
 class GatedDeltaNetConfig(MixerConfig):
@@ -50,15 +51,14 @@ class GatedDeltaNetConfig(MixerConfig):
     def _check(self):
         if not 0 < self.A_init_range[0] <= self.A_init_range[1]:
             raise ValueError("A_init_range must satisfy 0 < low <= high")
-        if self.dt_min > self.dt_max:
-            raise ValueError("dt_min must be <= dt_max")
-        return self
+        return check_ranges(self, ("dt_min", "dt_max"))
 
 
-class GatedDeltaNet(Mixer):
+class GatedDeltaNet(DeltaRuleState, Mixer):
     config_class = GatedDeltaNetConfig
     impls = ("ref", "chunked")
     test_variants = [{"n_heads": 2, "head_dim": 8}, {"n_heads": 2, "head_dim": 8, "short_conv": False}]
+    fast_kernels = "fla"
 
     def __init__(self, d_model: int, cfg: GatedDeltaNetConfig, layer_idx: int = 0, max_seq_len: int = 2048):
         super().__init__(d_model, cfg, layer_idx, max_seq_len)
@@ -69,14 +69,11 @@ class GatedDeltaNet(Mixer):
         self.g_proj = nn.Linear(d_model, H * V, bias=False)  # output gate
         self.a_proj = nn.Linear(d_model, H, bias=False)  # decay input
         self.b_proj = nn.Linear(d_model, H, bias=False)  # beta
-        lo, hi = cfg.A_init_range
-        self.A_log = nn.Parameter(torch.empty(H).uniform_(lo, hi).log())
-        dt = torch.exp(torch.rand(H) * (math.log(cfg.dt_max) - math.log(cfg.dt_min)) + math.log(cfg.dt_min))
-        self.dt_bias = nn.Parameter(dt + torch.log(-torch.expm1(-dt)))  # inverse softplus
-        self.A_log._no_reinit = self.dt_bias._no_reinit = True
-        self.A_log._no_weight_decay = self.dt_bias._no_weight_decay = True
-        if cfg.short_conv:  # depthwise, so one conv over [q, k, v] = three separate ones
-            self.conv = ShortConv(H * (2 * K + V), cfg.conv_size)
+        self.A_log = nn.Parameter(init_A_log(H, *cfg.A_init_range))
+        self.dt_bias = nn.Parameter(init_dt_bias(H, cfg.dt_min, cfg.dt_max))
+        keep_init(self.A_log, self.dt_bias)
+        # depthwise, so one conv over [q, k, v] = three separate ones
+        self.conv = ShortConv(H * (2 * K + V), cfg.conv_size) if cfg.short_conv else None
         self.o_norm = nn.RMSNorm(V, eps=cfg.norm_eps)
         self.o_proj = nn.Linear(H * V, d_model, bias=False)
 
@@ -88,50 +85,19 @@ class GatedDeltaNet(Mixer):
     def forward(self, x: torch.Tensor, state: State | None = None):
         B, T, _ = x.shape
         H, K, V = self.n_heads, self.head_k, self.head_v
-        new_state: dict = {}
-        qkv = self.qkv_proj(x)
-        if self.cfg.short_conv:
-            qkv, conv = self.conv(qkv, None if state is None else state["conv"])
-            if state is not None:
-                new_state["conv"] = conv
-        else:
-            qkv = F.silu(qkv)
+        qkv, conv_state_new = conv_or_silu(self.conv, self.qkv_proj(x), state)
         q, k, v = qkv.split([H * K, H * K, H * V], dim=-1)
         q = l2_normalize(q.view(B, T, H, K).transpose(1, 2).contiguous())  # [B, H, T, K]
         k = l2_normalize(k.view(B, T, H, K).transpose(1, 2).contiguous())
         v = v.view(B, T, H, V).transpose(1, 2).contiguous()
         beta = torch.sigmoid(self.b_proj(x)).transpose(1, 2)  # [B, H, T]
         g = self.log_decay(x)
-        S0 = None if state is None else state["S"]
-        impl = self.cfg.impl
-        if impl == "fast" or (impl == "auto" and x.is_cuda):
-            from ..kernels.fla import resolve_impl  # imports fla (Triton) only for a CUDA input
-            impl = resolve_impl(self.cfg.name, impl, x)
-        if impl == "ref":
-            o, S = delta_rule_recurrent(q, k, v, beta, g, state=S0)
-        elif impl == "fast":
-            from ..kernels.fla import delta_rule
-            o, S = delta_rule(q, k, v, beta, g, state=S0)
-        else:
-            o, S = delta_rule_chunked(q, k, v, beta, g, state=S0, chunk_size=self.cfg.chunk_size)
+        o, S = run_delta_rule(self.resolve_impl(x), q, k, v, beta, g, state, self.cfg.chunk_size)
         gate = self.g_proj(x).view(B, T, H, V)
         o = (self.o_norm(o.transpose(1, 2).to(x.dtype)) * F.silu(gate)).reshape(B, T, H * V)
-        if state is None:
-            return self.o_proj(o), None
-        new_state["S"] = S
-        return self.o_proj(o), new_state
-
-    def init_state(self, batch: int, device="cpu", dtype=torch.float32) -> State:
-        state: State = {"S": torch.zeros(batch, self.n_heads, self.head_k, self.head_v, device=device, dtype=torch.float32)}
-        if self.cfg.short_conv:
-            state["conv"] = self.conv.init_cache(batch, device, dtype)
-        return state
-
-    def state_size(self, seq_len: int) -> int:
-        conv = self.conv.cache_bytes() if self.cfg.short_conv else 0
-        return self.n_heads * self.head_k * self.head_v * 4 + conv
+        return self.o_proj(o), (None if state is None else {"S": S, **conv_state_new})
 
     def flops_per_token(self, seq_len: int) -> float:
-        # chunked form per head and token (see DeltaNet.flops_per_token), plus the decay weighting
-        C, K, V = min(self.cfg.chunk_size, max(seq_len, 1)), self.head_k, self.head_v
-        return 2.0 * self.n_heads * (2 * C * K + C * (K + V) + 3 * K * V + C * V + 2 * C)
+        # the chunked delta rule (kit/delta.py), plus the decay weighting (2C per head)
+        C = min(self.cfg.chunk_size, max(seq_len, 1))
+        return delta_flops(self.n_heads, C, self.head_k, self.head_v) + 2.0 * self.n_heads * 2 * C

@@ -30,6 +30,7 @@ from torch import nn
 from ..ops.short_conv import ShortConv
 from ..ops.ssm import selective_scan, selective_scan_ref
 from .base import Mixer, MixerConfig, State
+from .kit.recurrent import check_ranges, conv_bytes, conv_or_silu, conv_state, init_dt_bias, keep_init
 
 
 class Mamba1Config(MixerConfig):
@@ -48,30 +49,19 @@ class Mamba1Config(MixerConfig):
 
     @model_validator(mode="after")
     def _check(self):
-        if self.dt_min > self.dt_max:
-            raise ValueError(f"dt_min ({self.dt_min}) must not exceed dt_max ({self.dt_max})")
-        return self
+        return check_ranges(self, ("dt_min", "dt_max"))
 
     def default_mlp(self) -> str:
         return "none"
-
-
-def init_dt_bias(n: int, dt_min: float, dt_max: float, floor: float) -> torch.Tensor:
-    """Bias b with softplus(b) = dt, dt log-uniform in [dt_min, dt_max] (Mamba's dt init)."""
-    dt = torch.exp(torch.rand(n) * (math.log(dt_max) - math.log(dt_min)) + math.log(dt_min)).clamp(min=floor)
-    return dt + torch.log(-torch.expm1(-dt))  # inverse of softplus
 
 
 class Mamba1(Mixer):
     config_class = Mamba1Config
     impls = ("ref", "chunked")
     # every switch value once; short_conv=false on the no-decay variant, as the paper ablates it
-    test_variants = [
-        {"d_state": 4},
-        {"d_state": 4, "decay": "shared"},
-        {"d_state": 4, "decay": "none"},
-        {"d_state": 4, "decay": "none", "short_conv": False},
-    ]
+    test_variants = [{"d_state": 4, **switches} for switches in (
+        {}, {"decay": "shared"}, {"decay": "none"}, {"decay": "none", "short_conv": False},
+    )]
 
     def __init__(self, d_model: int, cfg: Mamba1Config, layer_idx: int = 0, max_seq_len: int = 2048):
         super().__init__(d_model, cfg, layer_idx, max_seq_len)
@@ -88,22 +78,16 @@ class Mamba1(Mixer):
         with torch.no_grad():
             nn.init.uniform_(self.dt_proj.weight, -(R**-0.5), R**-0.5)
             self.dt_bias.copy_(init_dt_bias(E, cfg.dt_min, cfg.dt_max, cfg.dt_init_floor))
-        self.dt_proj._no_reinit = True
+        keep_init(self.dt_proj)
         if cfg.decay != "none":  # S4D-real: A[e, n] = -(n + 1)
             self.A_log = nn.Parameter(torch.log(torch.arange(1, N + 1, dtype=torch.float32)).repeat(E, 1))
-            self.A_log._no_weight_decay = True
         self.D = nn.Parameter(torch.ones(E))
-        self.D._no_weight_decay = True
         self.out_proj = nn.Linear(E, d_model, bias=False)
 
     def forward(self, x: torch.Tensor, state: State | None = None):
         cfg = self.cfg
         xi, z = self.in_proj(x).chunk(2, dim=-1)  # [B,T,E] each
-        conv_cache = None
-        if self.conv is not None:
-            xi, conv_cache = self.conv(xi, None if state is None else state["conv"])
-        else:
-            xi = F.silu(xi)
+        xi, conv_state_new = conv_or_silu(self.conv, xi, state)
         dt_low, Bm, Cm = self.x_proj(xi).split([self.dt_rank, self.d_state, self.d_state], dim=-1)
         dt = F.softplus(self.dt_proj(dt_low) + self.dt_bias)  # [B,T,E]
         if cfg.decay == "data_dependent":
@@ -118,23 +102,14 @@ class Mamba1(Mixer):
         else:
             y, h = selective_scan(dt * xi, Bm, Cm, g, A, h0, chunk_size=cfg.chunk_size)
         y = (y + xi * self.D) * F.silu(z)
-        out = self.out_proj(y)
-        if state is None:
-            return out, None
-        new_state: State = {"ssm": h}
-        if conv_cache is not None:
-            new_state["conv"] = conv_cache
-        return out, new_state
+        return self.out_proj(y), (None if state is None else {"ssm": h, **conv_state_new})
 
     def init_state(self, batch: int, device="cpu", dtype=torch.float32) -> State:
-        state: State = {"ssm": torch.zeros(batch, self.d_inner, self.d_state, device=device, dtype=dtype)}
-        if self.conv is not None:
-            state["conv"] = self.conv.init_cache(batch, device, dtype)
-        return state
+        ssm = torch.zeros(batch, self.d_inner, self.d_state, device=device, dtype=dtype)
+        return {"ssm": ssm, **conv_state(self.conv, batch, device, dtype)}
 
     def state_size(self, seq_len: int) -> int:
-        conv = self.conv.cache_bytes() if self.conv is not None else 0
-        return self.d_inner * self.d_state * 4 + conv
+        return self.d_inner * self.d_state * 4 + conv_bytes(self.conv)
 
     def flops_per_token(self, seq_len: int) -> float:
         """Recurrent-form FLOPs: per (channel, state) element, the decay dt*A and its exp (2;

@@ -32,7 +32,7 @@ from torch import nn
 from ..ops.short_conv import ShortConv
 from ..ops.ssm import ssd_chunked, ssd_ref
 from .base import Mixer, MixerConfig, State
-from .mamba1 import init_dt_bias
+from .kit.recurrent import check_ranges, conv_bytes, conv_or_silu, conv_state, init_A_log, init_dt_bias
 
 
 class Mamba2Config(MixerConfig):
@@ -55,11 +55,7 @@ class Mamba2Config(MixerConfig):
 
     @model_validator(mode="after")
     def _check(self):
-        if self.dt_min > self.dt_max:
-            raise ValueError(f"dt_min ({self.dt_min}) must not exceed dt_max ({self.dt_max})")
-        if self.A_init_min > self.A_init_max:
-            raise ValueError(f"A_init_min ({self.A_init_min}) must not exceed A_init_max ({self.A_init_max})")
-        return self
+        return check_ranges(self, ("dt_min", "dt_max"), ("A_init_min", "A_init_max"))
 
     def default_mlp(self) -> str:
         return "none"
@@ -68,42 +64,34 @@ class Mamba2Config(MixerConfig):
 class Mamba2(Mixer):
     config_class = Mamba2Config
     impls = ("ref", "chunked")
-    # every switch value once; short_conv=false on the no-decay variant, as the paper ablates it
-    test_variants = [
-        {"headdim": 16, "d_state": 8},
-        {"headdim": 16, "d_state": 8, "decay": "shared", "out_norm": False},
-        {"headdim": 16, "d_state": 8, "decay": "none"},
-        {"headdim": 16, "d_state": 8, "decay": "none", "short_conv": False},
-    ]
+    # every switch value once (out_norm=false with the shared decay); short_conv=false on the no-decay
+    # variant, as the paper ablates it
+    test_variants = [{"headdim": 16, "d_state": 8, **switches} for switches in (
+        {}, {"decay": "shared", "out_norm": False}, {"decay": "none"}, {"decay": "none", "short_conv": False},
+    )]
+    fast_kernels = "fla"
 
     def __init__(self, d_model: int, cfg: Mamba2Config, layer_idx: int = 0, max_seq_len: int = 2048):
         super().__init__(d_model, cfg, layer_idx, max_seq_len)
-        E, N, P = max(cfg.headdim, round(cfg.expand * d_model / cfg.headdim) * cfg.headdim), cfg.d_state, cfg.headdim
+        P = cfg.headdim
+        E, N = max(P, round(cfg.expand * d_model / P) * P), cfg.d_state
         H = E // P
-        self.d_inner, self.d_state, self.headdim, self.n_heads = E, N, P, H
+        self.d_inner, self.d_state, self.head_dim, self.n_heads = E, N, P, H
         self.in_proj = nn.Linear(d_model, 2 * E + 2 * N + H, bias=False)  # z, x, B, C, dt
         self.conv = ShortConv(E + 2 * N, cfg.d_conv, activation=True) if cfg.short_conv else None
         self.dt_bias = nn.Parameter(init_dt_bias(H, cfg.dt_min, cfg.dt_max, cfg.dt_init_floor))
-        self.dt_bias._no_weight_decay = True
         if cfg.decay != "none":
-            A = torch.empty(H).uniform_(cfg.A_init_min, cfg.A_init_max)
-            self.A_log = nn.Parameter(torch.log(A))
-            self.A_log._no_weight_decay = True
+            self.A_log = nn.Parameter(init_A_log(H, cfg.A_init_min, cfg.A_init_max))
         self.D = nn.Parameter(torch.ones(H))
-        self.D._no_weight_decay = True
         self.norm = nn.RMSNorm(E, eps=cfg.norm_eps) if cfg.out_norm else None
         self.out_proj = nn.Linear(E, d_model, bias=False)
 
     def forward(self, x: torch.Tensor, state: State | None = None):
         cfg = self.cfg
         Bsz, T, _ = x.shape
-        E, N, P, H = self.d_inner, self.d_state, self.headdim, self.n_heads
+        E, N, P, H = self.d_inner, self.d_state, self.head_dim, self.n_heads
         z, xBC, dt = self.in_proj(x).split([E, E + 2 * N, H], dim=-1)
-        conv_cache = None
-        if self.conv is not None:
-            xBC, conv_cache = self.conv(xBC, None if state is None else state["conv"])
-        else:
-            xBC = F.silu(xBC)
+        xBC, conv_state_new = conv_or_silu(self.conv, xBC, state)
         xs, Bm, Cm = xBC.split([E, N, N], dim=-1)
         xs = xs.reshape(Bsz, T, H, P)
         dt = F.softplus(dt + self.dt_bias)  # [B,T,H]
@@ -115,10 +103,7 @@ class Mamba2(Mixer):
             log_a = dt.new_zeros(Bsz, T, H)
         X = xs * dt[..., None]  # [B,T,H,P]
         h0 = None if state is None else state["ssm"]
-        impl = cfg.impl
-        if impl == "fast" or (impl == "auto" and x.is_cuda):
-            from ..kernels.fla import resolve_impl  # imports fla (Triton) only for a CUDA input
-            impl = resolve_impl(cfg.name, impl, x)
+        impl = self.resolve_impl(x)
         if impl == "ref":
             y, h = ssd_ref(X, log_a, Bm, Cm, h0)
         elif impl == "fast":
@@ -130,23 +115,14 @@ class Mamba2(Mixer):
         y = y * F.silu(z)
         if self.norm is not None:
             y = self.norm(y)
-        out = self.out_proj(y)
-        if state is None:
-            return out, None
-        new_state: State = {"ssm": h}
-        if conv_cache is not None:
-            new_state["conv"] = conv_cache
-        return out, new_state
+        return self.out_proj(y), (None if state is None else {"ssm": h, **conv_state_new})
 
     def init_state(self, batch: int, device="cpu", dtype=torch.float32) -> State:
-        state: State = {"ssm": torch.zeros(batch, self.n_heads, self.headdim, self.d_state, device=device, dtype=dtype)}
-        if self.conv is not None:
-            state["conv"] = self.conv.init_cache(batch, device, dtype)
-        return state
+        ssm = torch.zeros(batch, self.n_heads, self.head_dim, self.d_state, device=device, dtype=dtype)
+        return {"ssm": ssm, **conv_state(self.conv, batch, device, dtype)}
 
     def state_size(self, seq_len: int) -> int:
-        conv = self.conv.cache_bytes() if self.conv is not None else 0
-        return self.d_inner * self.d_state * 4 + conv
+        return self.d_inner * self.d_state * 4 + conv_bytes(self.conv)
 
     def flops_per_token(self, seq_len: int) -> float:
         """FLOPs of the chunked SSD form per token (chunk C, one group): scores C.B over the

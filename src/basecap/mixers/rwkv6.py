@@ -24,38 +24,33 @@ import torch.nn.functional as F
 from pydantic import Field
 from torch import nn
 
-from ..ops.wkv import depth_ratios, orthogonal_init_, token_shift, wkv6_chunked, wkv6_recurrent
-from .base import Mixer, MixerConfig, State
+from ..ops.wkv import token_shift
+from .base import Mixer, State
+from .kit.recurrent import keep_init
+from .kit.rwkv import (RWKVConfig, RWKVTimeMixing, depth_ramps, head_norm, norm_heads, run_wkv6, rwkv_projections,
+                       wkv6_flops, wkv_state_in, wkv_state_out)
 
 
-class RWKV6Config(MixerConfig):
+class RWKV6Config(RWKVConfig):
     name: Literal["rwkv6"] = "rwkv6"
-    head_size: int = Field(64, gt=0, description="per-head key = value size; d_model must be a multiple")
     mix_lora_rank: int = Field(32, gt=0, description="rank of the ddlerp LoRA (one per mixed input)")
     decay_lora_rank: int = Field(64, gt=0, description="rank of the data-dependent decay LoRA")
     head_size_divisor: float = Field(8.0, gt=0, description="GroupNorm eps = 1e-5 * divisor**2 (RWKV's ln_x)")
-    init_n_layers: int = Field(12, gt=0, description="depth the init ramps assume (mixers are not told n_layers)")
     impl: Literal["ref", "chunked", "fast", "auto"] = "auto"
     chunk_size: int = Field(16, gt=0)
 
-    def default_mlp(self) -> str:
-        return "rwkv_cmix"
 
-
-class RWKV6(Mixer):
+class RWKV6(RWKVTimeMixing, Mixer):
     config_class = RWKV6Config
     impls = ("ref", "chunked")
     test_variants = [{"head_size": 8, "mix_lora_rank": 4, "decay_lora_rank": 8}]
+    fast_kernels = "fla"
 
     def __init__(self, d_model: int, cfg: RWKV6Config, layer_idx: int = 0, max_seq_len: int = 2048):
         super().__init__(d_model, cfg, layer_idx, max_seq_len)
-        if d_model % cfg.head_size:
-            raise ValueError(f"rwkv6.head_size={cfg.head_size} must divide d_model={d_model}")
-        D, K, R = d_model, cfg.head_size, cfg.mix_lora_rank
-        H = self.n_heads = D // K
-        self.head_size = K
-        ratio_0_to_1, ratio_1_to_almost0 = depth_ratios(layer_idx, cfg.init_n_layers)
-        ddd = torch.arange(D) / D
+        D, R = d_model, cfg.mix_lora_rank
+        H, K = self._init_heads(cfg.head_size)
+        ratio_0_to_1, ratio_1_to_almost0, ddd = depth_ramps(D, layer_idx, cfg.init_n_layers)
         n = torch.arange(D) / max(D - 1, 1)
         # mixes in the order of the LoRA outputs: w, k, v, r, g
         self.mix_x = nn.Parameter(1.0 - ddd**ratio_1_to_almost0)
@@ -74,20 +69,14 @@ class RWKV6(Mixer):
         zigzag = ((torch.arange(D) + 1) % 3 - 1) * 0.1
         self.bonus = nn.Parameter((ratio_0_to_1 * (1 - n) + zigzag).view(H, K))
 
-        self.r_proj, self.k_proj, self.v_proj, self.g_proj, self.o_proj = (nn.Linear(D, D, bias=False) for _ in range(5))
-        for proj, scale in ((self.r_proj, 1.0), (self.k_proj, 0.1), (self.v_proj, 1.0), (self.g_proj, 0.1)):
-            orthogonal_init_(proj.weight, scale)
-            proj.weight._no_reinit = True
-        self.ln_x = nn.GroupNorm(H, D, eps=1e-5 * cfg.head_size_divisor**2)
-        nn.init.constant_(self.ln_x.weight, ((1 + min(layer_idx, cfg.init_n_layers - 1)) / cfg.init_n_layers) ** 0.7)
-        self.ln_x._no_reinit = True
-        for p in (self.mix_x, self.mix, self.mix_lora_a, self.mix_lora_b, self.time_decay,
-                  self.decay_lora_a, self.decay_lora_b, self.bonus):
-            p._no_reinit = True
+        self.r_proj, self.k_proj, self.v_proj, self.g_proj, self.o_proj = rwkv_projections(D, 5, (1.0, 0.1, 1.0, 0.1))
+        self.ln_x = head_norm(H, D, 1e-5 * cfg.head_size_divisor**2, layer_idx, cfg.init_n_layers)
+        keep_init(self.mix_x, self.mix, self.mix_lora_a, self.mix_lora_b, self.time_decay, self.decay_lora_a,
+                  self.decay_lora_b, self.bonus)
 
     def forward(self, x: torch.Tensor, state: State | None = None):
         B, T, D = x.shape
-        H, K, R = self.n_heads, self.head_size, self.cfg.mix_lora_rank
+        H, K, R = self.n_heads, self.head_dim, self.cfg.mix_lora_rank
         prev, last = token_shift(x, None if state is None else state["shift"])
         xx = prev - x
         lora = torch.tanh((x + xx * self.mix_x) @ self.mix_lora_a).view(B, T, 5, R)
@@ -98,34 +87,8 @@ class RWKV6(Mixer):
         v = self.v_proj(xv).view(B, T, H, K)
         g = F.silu(self.g_proj(xg))
         log_w = -(self.time_decay + torch.tanh(xw @ self.decay_lora_a) @ self.decay_lora_b).exp().view(B, T, H, K)
-        S0 = None if state is None else state["wkv"]
-        impl = self.cfg.impl
-        if impl == "fast" or (impl == "auto" and x.is_cuda):
-            from ..kernels.fla import resolve_impl  # imports fla (Triton) only for a CUDA input
-            impl = resolve_impl(self.cfg.name, impl, x)
-        if impl == "ref":
-            y, S = wkv6_recurrent(r, k, v, log_w, self.bonus, S0)
-        elif impl == "fast":
-            from ..kernels.fla import wkv6
-            y, S = wkv6(r, k, v, log_w, self.bonus, S0)
-        else:
-            y, S = wkv6_chunked(r, k, v, log_w, self.bonus, S0, chunk_size=self.cfg.chunk_size)
-        y = self.ln_x(y.reshape(B * T, D).to(x.dtype)).view(B, T, D)
-        out = self.o_proj(y * g)
-        return out, (None if state is None else {"shift": last, "wkv": S})
-
-    def init_state(self, batch: int, device="cpu", dtype=torch.float32) -> State:
-        K = self.head_size
-        return {
-            "shift": torch.zeros(batch, self.d_model, device=device, dtype=dtype),
-            "wkv": torch.zeros(batch, self.n_heads, K, K, device=device, dtype=torch.float32),
-        }
-
-    def state_size(self, seq_len: int) -> int:
-        return (self.d_model + self.n_heads * self.head_size**2) * 4
+        y, S = run_wkv6(self.resolve_impl(x), r, k, v, log_w, self.bonus, wkv_state_in(state), self.cfg.chunk_size)
+        return self.o_proj(norm_heads(self.ln_x, y, x.dtype) * g), wkv_state_out(state, last, S)
 
     def flops_per_token(self, seq_len: int) -> float:
-        # chunked form per head: intra-chunk scores (~C/2 keys x K) and scores @ v (C x V),
-        # chunk state build + state read (2 x K x V); the LoRAs are counted as matmul parameters
-        C, K = self.cfg.chunk_size, self.head_size
-        return 2.0 * self.n_heads * (K * (C + 1) / 2 + C * K + 2 * K * K)
+        return wkv6_flops(self.n_heads, self.cfg.chunk_size, self.head_dim)  # the LoRAs count as matmul parameters

@@ -29,42 +29,37 @@ import torch.nn.functional as F
 from pydantic import Field
 from torch import nn
 
-from ..ops.wkv import depth_ratios, orthogonal_init_, token_shift, wkv7_chunked, wkv7_recurrent
-from .base import Mixer, MixerConfig, State
+from ..ops.wkv import orthogonal_init_, token_shift
+from .base import Mixer, State
+from .kit.recurrent import keep_init
+from .kit.rwkv import (RWKVConfig, RWKVTimeMixing, depth_ramps, head_norm, norm_heads, run_wkv7, rwkv_projections,
+                       wkv_state_in, wkv_state_out)
 
 
 def _lora_rank(d_model: int, factor: float) -> int:
     return max(32, int(round(factor * d_model**0.5 / 32) * 32))
 
 
-class RWKV7Config(MixerConfig):
+class RWKV7Config(RWKVConfig):
     name: Literal["rwkv7"] = "rwkv7"
-    head_size: int = Field(64, gt=0, description="per-head key = value size; d_model must be a multiple")
     decay_lora_rank: int | None = Field(None, gt=0, description="default max(32, 2.5 sqrt(d_model) rounded to 32)")
     a_lora_rank: int | None = Field(None, gt=0, description="default max(32, 2.5 sqrt(d_model) rounded to 32)")
     gate_lora_rank: int | None = Field(None, gt=0, description="default max(32, 5 sqrt(d_model) rounded to 32)")
-    init_n_layers: int = Field(12, gt=0, description="depth the init ramps assume (mixers are not told n_layers)")
     impl: Literal["ref", "chunked", "fast", "auto"] = "auto"
     chunk_size: int = Field(32, gt=0, le=128, description="<= 128 keeps every intra-chunk factor below e^39")
 
-    def default_mlp(self) -> str:
-        return "rwkv_cmix"
 
-
-class RWKV7(Mixer):
+class RWKV7(RWKVTimeMixing, Mixer):
     config_class = RWKV7Config
     impls = ("ref", "chunked")
     test_variants = [{"head_size": 8, "decay_lora_rank": 8, "a_lora_rank": 4, "gate_lora_rank": 8}]
+    fast_kernels = "fla"
 
     def __init__(self, d_model: int, cfg: RWKV7Config, layer_idx: int = 0, max_seq_len: int = 2048):
         super().__init__(d_model, cfg, layer_idx, max_seq_len)
-        if d_model % cfg.head_size:
-            raise ValueError(f"rwkv7.head_size={cfg.head_size} must divide d_model={d_model}")
-        D, K = d_model, cfg.head_size
-        H = self.n_heads = D // K
-        self.head_size = K
-        ratio_0_to_1, ratio_1_to_almost0 = depth_ratios(layer_idx, cfg.init_n_layers)
-        ddd = torch.arange(D) / D
+        D = d_model
+        H, K = self._init_heads(cfg.head_size)
+        ratio_0_to_1, ratio_1_to_almost0, ddd = depth_ramps(D, layer_idx, cfg.init_n_layers)
         idx = torch.arange(D)
         linear = idx / max(D - 1, 1) - 0.5
         zigzag = ((idx % K) - (K - 1) / 2) / max((K - 1) / 2, 1)
@@ -86,20 +81,13 @@ class RWKV7(Mixer):
         self.k_a = nn.Parameter(torch.full((D,), 1.02))
         self.r_k = nn.Parameter(torch.full((H, K), -0.04))
 
-        self.r_proj, self.k_proj, self.v_proj, self.o_proj = (nn.Linear(D, D, bias=False) for _ in range(4))
-        for proj, scale in ((self.r_proj, 1.0), (self.k_proj, 0.1), (self.v_proj, 1.0)):
-            orthogonal_init_(proj.weight, scale)
-            proj.weight._no_reinit = True
-        self.ln_x = nn.GroupNorm(H, D, eps=64e-5)
-        nn.init.constant_(self.ln_x.weight, ((1 + min(layer_idx, cfg.init_n_layers - 1)) / cfg.init_n_layers) ** 0.7)
-        self.ln_x._no_reinit = True
-        for p in (self.mix, self.w0, self.w1, self.w2, self.a0, self.a1, self.a2, self.g1, self.g2,
-                  self.k_k, self.k_a, self.r_k):
-            p._no_reinit = True
+        self.r_proj, self.k_proj, self.v_proj, self.o_proj = rwkv_projections(D, 4, (1.0, 0.1, 1.0))
+        self.ln_x = head_norm(H, D, 64e-5, layer_idx, cfg.init_n_layers)
+        keep_init(self.mix, self.w0, self.w1, self.w2, self.a0, self.a1, self.a2, self.g1, self.g2, self.k_k, self.k_a, self.r_k)
 
     def forward(self, x: torch.Tensor, state: State | None = None):
         B, T, D = x.shape
-        H, K = self.n_heads, self.head_size
+        H, K = self.n_heads, self.head_dim
         prev, last = token_shift(x, None if state is None else state["shift"])
         xx = prev - x
         xr, xw, xk, xv, xa, xg = (x + xx * m for m in self.mix.unbind(0))
@@ -112,37 +100,15 @@ class RWKV7(Mixer):
         kk = F.normalize((k * self.k_k).view(B, T, H, K), dim=-1)  # removal key kappa_hat
         k = k * (1 + (a - 1) * self.k_a)  # replacement key
         r, k, v, a, log_w = (t.view(B, T, H, K) for t in (r, k, v, a, log_w))
-        S0 = None if state is None else state["wkv"]
-        impl = self.cfg.impl
-        if impl == "fast" or (impl == "auto" and x.is_cuda):
-            from ..kernels.fla import resolve_impl  # imports fla (Triton) only for a CUDA input
-            impl = resolve_impl(self.cfg.name, impl, x)
-        if impl == "ref":
-            y, S = wkv7_recurrent(r, log_w, k, v, -kk, kk * a, S0)
-        elif impl == "fast":
-            from ..kernels.fla import wkv7
-            y, S = wkv7(r, log_w, k, v, -kk, kk * a, S0)
-        else:
-            y, S = wkv7_chunked(r, log_w, k, v, -kk, kk * a, S0, chunk_size=self.cfg.chunk_size)
-        y = self.ln_x(y.reshape(B * T, D).to(x.dtype)).view(B, T, H, K)
+        y, S = run_wkv7(self.resolve_impl(x), r, log_w, k, v, -kk, kk * a, wkv_state_in(state), self.cfg.chunk_size)
+        y = norm_heads(self.ln_x, y, x.dtype).view(B, T, H, K)
         y = y + (r * k * self.r_k).sum(-1, keepdim=True) * v  # per-head bonus for the current token
-        out = self.o_proj(y.reshape(B, T, D) * g)
-        return out, (None if state is None else {"shift": last, "wkv": S})
-
-    def init_state(self, batch: int, device="cpu", dtype=torch.float32) -> State:
-        K = self.head_size
-        return {
-            "shift": torch.zeros(batch, self.d_model, device=device, dtype=dtype),
-            "wkv": torch.zeros(batch, self.n_heads, K, K, device=device, dtype=torch.float32),
-        }
-
-    def state_size(self, seq_len: int) -> int:
-        return (self.d_model + self.n_heads * self.head_size**2) * 4
+        return self.o_proj(y.reshape(B, T, D) * g), wkv_state_out(state, last, S)
 
     def flops_per_token(self, seq_len: int) -> float:
         # chunked form, multiply-adds per token and head: [r;a][k;b]^T (4CK), triangular solve
         # (C(K+V)/2), A v and A u products (3CV), chunk transition M and X (K^2 + 2KV), the scan
         # (K^2 V / C) and the state reads (2KV); the LoRAs are counted as matmul parameters
-        C, K = self.cfg.chunk_size, self.head_size
+        C, K = self.cfg.chunk_size, self.head_dim
         mac = 4 * C * K + C * K + 3 * C * K + K * K + 2 * K * K + K**3 / C + 2 * K * K
         return 2.0 * self.n_heads * mac

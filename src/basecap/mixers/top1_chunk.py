@@ -12,12 +12,13 @@ the candidates, default) or ``always`` (attended in addition to a chunk selected
 ones); ``selector_grad`` = ``straight_through`` (the output is multiplied by P_j*/stopgrad(P_j*),
 forward unchanged) or ``none``. P_tj, the selector probability, is ``exp(l_tj) / sum_j' exp(l_tj')`` for
 Exact and ``softmax_j(a_tj)`` for Approx, over the candidates. ``temperature`` divides all scores.
-Projections, heads (head_dim 64) and RoPE as in Transformer++. Ties select the lowest chunk index.
+Projections, heads (head_dim 64) and RoPE as in Transformer++ (``kit/selection.py``). Ties select
+the lowest chunk index.
 
-``impl="ref"``: dense T x T oracle (``ops/top1/naive.py``). ``"chunked"``: selection blockwise (Exact) or on chunk means
-(Approx), attention in tiles of queries grouped by selected chunk. ``"fast"``: the CUDA path
-(``basecap.kernels.top1_cuda``). Decoding keeps the KV cache plus (Approx) running per-chunk key sums.
-Equations and costs: docs/top1.md.
+``impl="ref"``: dense T x T oracle (``ops/top1/naive.py``). ``"chunked"``: selection blockwise (Exact)
+or on chunk means (Approx), attention in tiles of ``chunk_size`` queries grouped by selected chunk
+(``ops/top1/``). ``"fast"``: the CUDA path (``basecap.kernels.top1_cuda``). Decoding keeps the KV
+cache plus (Approx) running per-chunk key sums. Equations and costs: docs/top1.md.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from pydantic import Field
 from ..ops.top1 import (SEL_DTYPE, ChunkSettings, approx_attention, approx_select, attend_selected, candidate_lse,
                         chunk_ref, exact_select, merge_softmax, st_gate)
 from .base import State
-from .top1_element import SelectionConfig, SelectionMixer
+from .kit.selection import SelectionConfig, SelectionMixer
 
 
 class Top1ChunkConfig(SelectionConfig):
@@ -45,21 +46,18 @@ class Top1ChunkConfig(SelectionConfig):
 class Top1Chunk(SelectionMixer):
     config_class = Top1ChunkConfig
     impls = ("ref", "chunked")
-    test_variants = [
-        {"head_dim": 8, "chunk_len": 8},
-        {"head_dim": 8, "chunk_len": 8, "selection": "approx"},
-        {"head_dim": 8, "chunk_len": 8, "own_chunk": "always"},
-        {"head_dim": 8, "chunk_len": 8, "selection": "approx", "own_chunk": "always"},
-        {"head_dim": 8, "chunk_len": 5, "selector_grad": "none"},
-        {"head_dim": 8, "chunk_len": 6, "selection": "approx", "position": "none", "temperature": 0.5},
-    ]
+    test_variants = [{"head_dim": 8, "chunk_len": 8, **switches} for switches in (
+        {}, {"selection": "approx"}, {"own_chunk": "always"}, {"selection": "approx", "own_chunk": "always"},
+        {"chunk_len": 5, "selector_grad": "none"},
+        {"chunk_len": 6, "selection": "approx", "position": "none", "temperature": 0.5},
+    )]
 
     def _settings(self, impl: str) -> ChunkSettings:
         cfg, kernel = self.cfg, None
         if impl == "fast":
             from ..kernels.top1_cuda import sdpa_tile_attention as kernel
         return ChunkSettings(self.scale, cfg.chunk_len, cfg.own_chunk, tile_rows=cfg.chunk_size,
-                             select_rows=self._block(impl, 4 * cfg.chunk_size), tile_kernel=kernel)
+                             select_rows=self._block_rows(impl, 4 * cfg.chunk_size), tile_kernel=kernel)
 
     def _mix(self, q, k, v, q_pos, impl, state, new_state):
         cfg = self.cfg
