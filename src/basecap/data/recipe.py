@@ -96,23 +96,25 @@ class JsonlSource(_RecordSource):
     kind: Literal["jsonl"] = "jsonl"
 
 
-class _TableSource(_RecordSource):
+class TableSource(_RecordSource):
+    """Columnar records (parquet, arrow, hf_disk), read by ``tables.py`` one record batch at a time."""
+
     batch_rows: int = Field(default=1024, gt=0)  # rows per record batch read (bounds memory)
 
 
-class ParquetSource(_TableSource):
+class ParquetSource(TableSource):
     """Parquet files; a path that is a folder stands for every ``*.parquet`` under it."""
 
     kind: Literal["parquet"] = "parquet"
 
 
-class ArrowSource(_TableSource):
+class ArrowSource(TableSource):
     """Arrow IPC files or streams (``.arrow``, ``.feather``); a folder stands for its ``*.arrow`` files."""
 
     kind: Literal["arrow"] = "arrow"
 
 
-class HFDiskSource(_TableSource):
+class HFDiskSource(TableSource):
     """Folders written by ``datasets``' ``save_to_disk`` (a Dataset, or a DatasetDict of splits)."""
 
     kind: Literal["hf_disk"] = "hf_disk"

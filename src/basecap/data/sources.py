@@ -29,7 +29,7 @@ from .recipe import (
     NpmPackSource,
     PipSdistSource,
     PythonTopicsSource,
-    _TableSource,
+    TableSource,
     source_id,
 )
 from .source_base import (
@@ -46,9 +46,6 @@ from .source_base import (
 )
 from .tables import read_table, table_files
 from .text import Doc, decode_utf8, glob_match
-
-__all__ = ["DataError", "MalformedRecordWarning", "PreparedSource", "SourceUnavailable", "prepare_source",
-           "read_source"]
 
 
 def _run(cmd: list[str], cwd: str, what: str) -> None:
@@ -145,7 +142,7 @@ def prepare_source(src, index: int, home: Path, log: Callable = print) -> Prepar
                 h.update(f"{rel}\0{sha256_file(p)}\n".encode())
             prep.fingerprint = h.hexdigest()
             prep.origin = f"files: {src.root} ({len(found)} files)"
-        elif isinstance(src, (JsonlSource, _TableSource)):
+        elif isinstance(src, (JsonlSource, TableSource)):
             if isinstance(src, JsonlSource):
                 prep.files = _record_files(src)
             else:
@@ -301,7 +298,7 @@ def read_source(prep: PreparedSource) -> Iterator[Doc]:
     src = prep.config
     if isinstance(src, JsonlSource):
         yield from _read_jsonl(prep)
-    elif isinstance(src, _TableSource):
+    elif isinstance(src, TableSource):
         yield from read_table(prep)
     elif isinstance(src, PythonTopicsSource):
         from pydoc_data.topics import topics
