@@ -336,13 +336,13 @@ DEV = "cuda"
 D_GPU = 256
 # per case: the mixer config (realistic head sizes) and whether its kernel computes in fp32
 GPU_CASES = {
-    "mamba2": ({"name": "mamba2", "headdim": 64, "d_state": 64}, True),
-    "mamba2_shared": ({"name": "mamba2", "headdim": 64, "d_state": 64, "decay": "shared", "out_norm": False}, True),
-    "mamba2_nodecay": ({"name": "mamba2", "headdim": 64, "d_state": 64, "decay": "none", "short_conv": False}, True),
+    "mamba2": ({"name": "mamba2", "head_dim": 64, "d_state": 64}, True),
+    "mamba2_shared": ({"name": "mamba2", "head_dim": 64, "d_state": 64, "decay": "shared", "out_norm": False}, True),
+    "mamba2_nodecay": ({"name": "mamba2", "head_dim": 64, "d_state": 64, "decay": "none", "short_conv": False}, True),
     "deltanet": ({"name": "deltanet", "head_dim": 64}, False),
     "gated_deltanet": ({"name": "gated_deltanet", "n_heads": 4, "head_dim": 64}, False),
-    "rwkv6": ({"name": "rwkv6", "head_size": 64}, True),
-    "rwkv7": ({"name": "rwkv7", "head_size": 64}, False),
+    "rwkv6": ({"name": "rwkv6", "head_dim": 64}, True),
+    "rwkv7": ({"name": "rwkv7", "head_dim": 64}, False),
     "based": ({"name": "based", "n_heads": 16, "feature_dim": 16, "head_dim": 64, "window": 64}, True),
 }
 # (output, gradient) relative-error bounds. fp32 kernels: Triton's tl.dot rounds fp32 operands to tf32;

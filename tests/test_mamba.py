@@ -165,7 +165,7 @@ def test_shared_decay_ignores_the_input(name):
     """With decay='shared' the SSM state forgets at a fixed rate: feeding a token whose input
     contribution is zero (D and B rows cleared) multiplies the state by the same factor
     whatever the token is. (Mamba-2 convolves B itself, so its conv is off here.)"""
-    small = {"d_state": 4} if name == "mamba1" else {"headdim": 16, "d_state": 8, "short_conv": False}
+    small = {"d_state": 4} if name == "mamba1" else {"head_dim": 16, "d_state": 8, "short_conv": False}
     m = make({"name": name, "decay": "shared", "impl": "ref", **small})
     x = torch.randn(1, 5, 32)
     _, s = m(x, m.init_state(1))
@@ -209,5 +209,7 @@ def test_config_errors_name_the_key():
         parse_mixer_config({"name": "mamba1", "decay": "sometimes"})
     with pytest.raises(ConfigError, match="out_norm"):
         parse_mixer_config({"name": "mamba1", "out_norm": False})
+    with pytest.raises(ConfigError, match="headdim"):  # the head size is spelled head_dim everywhere
+        parse_mixer_config({"name": "mamba2", "headdim": 64})
     # d_inner is expand * d_model rounded to whole heads
-    assert make({"name": "mamba2", "headdim": 48}).d_inner % 48 == 0
+    assert make({"name": "mamba2", "head_dim": 48}).d_inner % 48 == 0

@@ -133,9 +133,9 @@ def test_wkv7_matches_fla_reference():
 # ---- the mixers ---------------------------------------------------------------------------------
 
 MIXERS = {
-    "rwkv5": {"head_size": 8},
-    "rwkv6": {"head_size": 8, "mix_lora_rank": 4, "decay_lora_rank": 8},
-    "rwkv7": {"head_size": 8, "decay_lora_rank": 8, "a_lora_rank": 4, "gate_lora_rank": 8},
+    "rwkv5": {"head_dim": 8},
+    "rwkv6": {"head_dim": 8, "mix_lora_rank": 4, "decay_lora_rank": 8},
+    "rwkv7": {"head_dim": 8, "decay_lora_rank": 8, "a_lora_rank": 4, "gate_lora_rank": 8},
 }
 
 
@@ -191,11 +191,11 @@ def test_rwkv7_decay_is_bounded_and_value_residual_absent(monkeypatch):
 
 
 @pytest.mark.parametrize("name", sorted(MIXERS))
-def test_head_size_must_divide_d_model(name):
-    with pytest.raises(ValueError, match="head_size"):
+def test_head_dim_must_divide_d_model(name):
+    with pytest.raises(ValueError, match="head_dim"):
         make(name, d_model=36)
     with pytest.raises(ConfigError, match="unknown key"):
-        parse_mixer_config({"name": name, "head_sz": 8})
+        parse_mixer_config({"name": name, "head_size": 8})  # the old spelling is gone
 
 
 def test_paper_inits_and_ramps():
@@ -208,7 +208,7 @@ def test_paper_inits_and_ramps():
     b5 = make("rwkv5", layer_idx=0).bonus.detach().flatten()
     assert set((b5 * 10).round().tolist()) == {-1.0, 0.0, 1.0} and torch.allclose(b5 * 10, (b5 * 10).round())
     assert (_lora_rank(768, 2.5), _lora_rank(768, 5.0)) == (64, 128)  # the paper's 0.1B model
-    r7 = make("rwkv7", d_model=64, head_size=16, decay_lora_rank=None, a_lora_rank=None, gate_lora_rank=None)
+    r7 = make("rwkv7", d_model=64, head_dim=16, decay_lora_rank=None, a_lora_rank=None, gate_lora_rank=None)
     assert r7.w1.shape == (64, 32) and r7.a1.shape == (64, 32) and r7.g1.shape == (64, 32)
 
 

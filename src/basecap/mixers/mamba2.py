@@ -4,7 +4,7 @@ Algorithms Through Structured State Space Duality").
 x -> in_proj -> (z, x, B, C, dt); causal depthwise conv (d_conv=4) + SiLU over (x, B, C);
 multi-head SSM with one scalar decay per head, a_t = exp(dt_t A_h) (A_log per head, A
 initialised uniformly in [1, 16]), one group (B, C shared by all heads), D skip per head;
-gated RMSNorm norm(y * SiLU(z)) before out_proj. Defaults: expand 2, headdim 64, d_state 64,
+gated RMSNorm norm(y * SiLU(z)) before out_proj. Defaults: expand 2, head_dim 64, d_state 64,
 dt log-uniform in [1e-3, 1e-1] through the inverse-softplus bias (as Mamba-1).
 
 Ablation switches (PAPER.md section 4):
@@ -38,8 +38,8 @@ from .kit.recurrent import check_ranges, conv_bytes, conv_or_silu, conv_state, i
 class Mamba2Config(MixerConfig):
     name: Literal["mamba2"] = "mamba2"
     d_state: int = Field(64, gt=0)
-    headdim: int = Field(64, gt=0)
-    expand: float = Field(2, gt=0, description="d_inner = expand * d_model, rounded to a multiple of " + "headdim")
+    head_dim: int = Field(64, gt=0, description="P: channels per head")
+    expand: float = Field(2, gt=0, description="d_inner = expand * d_model, rounded to a multiple of head_dim")
     d_conv: int = Field(4, gt=0)
     A_init_min: float = Field(1.0, gt=0)
     A_init_max: float = Field(16.0, gt=0)
@@ -66,14 +66,14 @@ class Mamba2(Mixer):
     impls = ("ref", "chunked")
     # every switch value once (out_norm=false with the shared decay); short_conv=false on the no-decay
     # variant, as the paper ablates it
-    test_variants = [{"headdim": 16, "d_state": 8, **switches} for switches in (
+    test_variants = [{"head_dim": 16, "d_state": 8, **switches} for switches in (
         {}, {"decay": "shared", "out_norm": False}, {"decay": "none"}, {"decay": "none", "short_conv": False},
     )]
     fast_kernels = "fla"
 
     def __init__(self, d_model: int, cfg: Mamba2Config, layer_idx: int = 0, max_seq_len: int = 2048):
         super().__init__(d_model, cfg, layer_idx, max_seq_len)
-        P = cfg.headdim
+        P = cfg.head_dim
         E, N = max(P, round(cfg.expand * d_model / P) * P), cfg.d_state
         H = E // P
         self.d_inner, self.d_state, self.head_dim, self.n_heads = E, N, P, H

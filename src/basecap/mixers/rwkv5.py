@@ -40,12 +40,12 @@ class RWKV5Config(RWKVConfig):
 class RWKV5(RWKVTimeMixing, Mixer):
     config_class = RWKV5Config
     impls = ("ref", "chunked")
-    test_variants = [{"head_size": 8}]
+    test_variants = [{"head_dim": 8}]
 
     def __init__(self, d_model: int, cfg: RWKV5Config, layer_idx: int = 0, max_seq_len: int = 2048):
         super().__init__(d_model, cfg, layer_idx, max_seq_len)
         D = d_model
-        H, K = self._init_heads(cfg.head_size)
+        H, K = self._init_heads(cfg.head_dim)
         ratio_0_to_1, ratio_1_to_almost0, ddd = depth_ramps(D, layer_idx, cfg.init_n_layers)
         n = torch.arange(D) / max(D - 1, 1)
         self.mix_r = nn.Parameter(ddd ** (0.5 * ratio_1_to_almost0))

@@ -43,13 +43,13 @@ class RWKV6Config(RWKVConfig):
 class RWKV6(RWKVTimeMixing, Mixer):
     config_class = RWKV6Config
     impls = ("ref", "chunked")
-    test_variants = [{"head_size": 8, "mix_lora_rank": 4, "decay_lora_rank": 8}]
+    test_variants = [{"head_dim": 8, "mix_lora_rank": 4, "decay_lora_rank": 8}]
     fast_kernels = "fla"
 
     def __init__(self, d_model: int, cfg: RWKV6Config, layer_idx: int = 0, max_seq_len: int = 2048):
         super().__init__(d_model, cfg, layer_idx, max_seq_len)
         D, R = d_model, cfg.mix_lora_rank
-        H, K = self._init_heads(cfg.head_size)
+        H, K = self._init_heads(cfg.head_dim)
         ratio_0_to_1, ratio_1_to_almost0, ddd = depth_ramps(D, layer_idx, cfg.init_n_layers)
         n = torch.arange(D) / max(D - 1, 1)
         # mixes in the order of the LoRA outputs: w, k, v, r, g

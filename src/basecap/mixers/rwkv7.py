@@ -52,13 +52,13 @@ class RWKV7Config(RWKVConfig):
 class RWKV7(RWKVTimeMixing, Mixer):
     config_class = RWKV7Config
     impls = ("ref", "chunked")
-    test_variants = [{"head_size": 8, "decay_lora_rank": 8, "a_lora_rank": 4, "gate_lora_rank": 8}]
+    test_variants = [{"head_dim": 8, "decay_lora_rank": 8, "a_lora_rank": 4, "gate_lora_rank": 8}]
     fast_kernels = "fla"
 
     def __init__(self, d_model: int, cfg: RWKV7Config, layer_idx: int = 0, max_seq_len: int = 2048):
         super().__init__(d_model, cfg, layer_idx, max_seq_len)
         D = d_model
-        H, K = self._init_heads(cfg.head_size)
+        H, K = self._init_heads(cfg.head_dim)
         ratio_0_to_1, ratio_1_to_almost0, ddd = depth_ramps(D, layer_idx, cfg.init_n_layers)
         idx = torch.arange(D)
         linear = idx / max(D - 1, 1) - 0.5

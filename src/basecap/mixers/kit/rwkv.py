@@ -18,7 +18,7 @@ class RWKVConfig(MixerConfig):
     """Fields shared by the RWKV time-mixing configs."""
 
     name: str
-    head_size: int = Field(64, gt=0, description="per-head key = value size; d_model must be a multiple")
+    head_dim: int = Field(64, gt=0, description="per-head key = value size; d_model must be a multiple")
     init_n_layers: int = Field(12, gt=0, description="depth the init ramps assume (mixers are not told n_layers)")
 
     def default_mlp(self) -> str:
@@ -103,7 +103,7 @@ class RWKVTimeMixing:
     def _init_heads(self, head_dim: int) -> tuple[int, int]:
         """Sets and returns ``n_heads`` and ``head_dim`` (which must divide d_model)."""
         if self.d_model % head_dim:
-            raise ValueError(f"{self.cfg.name}.head_size={head_dim} must divide d_model={self.d_model}")
+            raise ValueError(f"{self.cfg.name}.head_dim={head_dim} must divide d_model={self.d_model}")
         self.n_heads, self.head_dim = self.d_model // head_dim, head_dim
         return self.n_heads, head_dim
 
