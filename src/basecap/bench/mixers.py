@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from ..mixers import build_mixer, mixer_class, mixer_names, parse_mixer_config
-from .common import fwd_bwd, median_time, rel_err
+from .common import fwd_bwd, median_time, pyplot, rel_err
 
 D_MODEL = 192
 
@@ -86,7 +86,7 @@ def _decode_latencies(m, contexts, steps: int = 16, rounds: int = 9) -> dict[int
         return {ctx: statistics.median(v) for ctx, v in times.items()}
 
 
-def main(argv: list[str] | None = None):
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="basecap bench mixers", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--mixers", nargs="*", default=None,
                     help="NAME or NAME:key=value,... (default: every registered mixer, plus attention:window=256)")
@@ -97,42 +97,42 @@ def main(argv: list[str] | None = None):
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--quick", action="store_true", help="small grid (T = 256, 1024; contexts 512, 2048)")
     ap.add_argument("--out", default="bench_results/mixers")
-    args = ap.parse_args(argv)
-    if args.quick:
-        args.lengths, args.contexts, args.ref_length, args.reps = [256, 1024], [512, 2048], 512, 2
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    names = args.mixers or [*mixer_names(), *DEFAULT_VARIANTS]
-    for spec in names:
-        parse_spec(spec)
-    if "attention" not in names:
-        names = ["attention", *names]
-    results = {}
-    for name in names:
-        err = _correct(name)
-        row = {"correct_rel_err": err, "ok": err is None or err <= 1e-4, "train_s": {}, "decode_ms": {}}
-        results[name] = row
-        if not row["ok"]:
-            print(f"{name}: fast form disagrees with the reference (rel err {err:.2e}); not benchmarked")
-            continue
-        m = _make(name)
-        for T in args.lengths:
-            x = torch.randn(1, T, D_MODEL, requires_grad=True)
-            row["train_s"][T] = median_time(fwd_bwd(m, x), reps=args.reps, budget_s=120)
-        impls = mixer_class(parse_spec(name)[0]).impls
-        if len(impls) > 1:
-            ref = _make(name, impl=impls[0])
-            x = torch.randn(1, args.ref_length, D_MODEL, requires_grad=True)
-            fwd_bwd(ref, torch.randn(1, 64, D_MODEL, requires_grad=True))()  # warm up on a short input
-            row["ref_train_s"] = median_time(fwd_bwd(ref, x), reps=2, warmup=0)
-            fast_t = median_time(fwd_bwd(m, x), reps=args.reps)
-            row["speedup_vs_ref"] = row["ref_train_s"] / fast_t
-        row["decode_ms"] = {ctx: 1e3 * t for ctx, t in _decode_latencies(m, args.contexts).items()}
-        print(f"{name}: done", flush=True)
+    return ap
 
-    att = results["attention"]
+
+def _measure(name: str, args) -> dict:
+    """Correctness against the reference, then training-form, reference and decode timings of one mixer."""
+    err = _correct(name)
+    row = {"correct_rel_err": err, "ok": err is None or err <= 1e-4, "train_s": {}, "decode_ms": {}}
+    if not row["ok"]:
+        print(f"{name}: fast form disagrees with the reference (rel err {err:.2e}); not benchmarked")
+        return row
+    m = _make(name)
+    for T in args.lengths:
+        x = torch.randn(1, T, D_MODEL, requires_grad=True)
+        row["train_s"][T] = median_time(fwd_bwd(m, x), reps=args.reps, budget_s=120)
+    impls = mixer_class(parse_spec(name)[0]).impls
+    if len(impls) > 1:
+        ref = _make(name, impl=impls[0])
+        x = torch.randn(1, args.ref_length, D_MODEL, requires_grad=True)
+        fwd_bwd(ref, torch.randn(1, 64, D_MODEL, requires_grad=True))()  # warm up on a short input
+        row["ref_train_s"] = median_time(fwd_bwd(ref, x), reps=2, warmup=0)
+        fast_t = median_time(fwd_bwd(m, x), reps=args.reps)
+        row["speedup_vs_ref"] = row["ref_train_s"] / fast_t
+    row["decode_ms"] = {ctx: 1e3 * t for ctx, t in _decode_latencies(m, args.contexts).items()}
+    print(f"{name}: done", flush=True)
+    return row
+
+
+def _grid_points(args) -> tuple[int, int, int, int]:
+    """The two training lengths and the two decode contexts the targets and ratios compare."""
     L2, L8 = (2048, 8192) if 8192 in args.lengths else (args.lengths[0], args.lengths[-1])
-    c1, c16 = args.contexts[0], args.contexts[-1]
+    return L2, L8, args.contexts[0], args.contexts[-1]
+
+
+def _add_targets(results: dict, args) -> None:
+    att = results["attention"]
+    L2, L8, c1, c16 = _grid_points(args)
     for name, row in results.items():
         if not row["ok"] or name == "attention":
             continue
@@ -145,6 +145,11 @@ def main(argv: list[str] | None = None):
             "chunked_10x_ref": (row["speedup_vs_ref"] >= 10) if "speedup_vs_ref" in row else None,
             f"decode_{c16}_within_1.2x_of_{c1}": (row["decode_ms"][c16] <= 1.2 * row["decode_ms"][c1]) if not grows else None,
         }
+
+
+def _print_table(results: dict, args) -> None:
+    att = results["attention"]
+    L2, L8, c1, c16 = _grid_points(args)
     head = f"{'mixer':<22}" + "".join(f"{'fb T=' + str(T):>11}" for T in args.lengths) + f"{'x attn@' + str(L2):>11}{'x attn@' + str(L8):>11}{'ref/fast':>10}" + \
         "".join(f"{'dec@' + str(c):>11}" for c in args.contexts) + f"{'  dec ' + str(c16) + '/' + str(c1):>13}"
     print("\nforward+backward seconds (B=1, d_model 192), decode ms/token; ratios against attention (Transformer++)")
@@ -160,6 +165,22 @@ def main(argv: list[str] | None = None):
         line += "".join(f"{row['decode_ms'][c]:>11.2f}" for c in args.contexts)
         line += f"{row['decode_ms'][c16] / row['decode_ms'][c1]:>13.2f}"
         print(line)
+
+
+def main(argv: list[str] | None = None):
+    args = _parser().parse_args(argv)
+    if args.quick:
+        args.lengths, args.contexts, args.ref_length, args.reps = [256, 1024], [512, 2048], 512, 2
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    names = args.mixers or [*mixer_names(), *DEFAULT_VARIANTS]
+    for spec in names:
+        parse_spec(spec)
+    if "attention" not in names:
+        names = ["attention", *names]
+    results = {name: _measure(name, args) for name in names}
+    _add_targets(results, args)
+    _print_table(results, args)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     meta = {"d_model": D_MODEL, "batch": 1, "threads": torch.get_num_threads(), "torch": torch.__version__,
@@ -172,11 +193,7 @@ def main(argv: list[str] | None = None):
 
 
 def _plot(results, args, path):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
     for name, row in results.items():
         if not row["ok"]:

@@ -21,14 +21,13 @@ import argparse
 import json
 import os
 import platform
-import resource
 import statistics
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import torch
+
+from .common import peak_memory_cuda, peak_rss_growth, pyplot, run_probe, sync
 
 VARIANTS = {
     "sdpa": {"name": "attention", "impl": "fast"},
@@ -46,20 +45,15 @@ def _mixer_cfg(variant: str, args) -> dict:
     return cfg
 
 
-def _sync(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-
-
 def _timed(fn, device, warmup: int, reps: int) -> dict:
     for _ in range(warmup):
         fn()
     wall, cpu = [], []
     for _ in range(reps):
-        _sync(device)
+        sync(device)
         w, c = time.perf_counter(), time.process_time()
         fn()
-        _sync(device)
+        sync(device)
         wall.append(time.perf_counter() - w)
         cpu.append(time.process_time() - c)
     return {"wall_s": statistics.median(wall), "cpu_s": statistics.median(cpu), "reps": reps}
@@ -98,49 +92,18 @@ def _core(variant, T, args, device):
     return step
 
 
-def _peak_memory_cuda(step, device) -> int:
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats(device)
-    base = torch.cuda.memory_allocated(device)
-    step()
-    torch.cuda.synchronize()
-    return torch.cuda.max_memory_allocated(device) - base
-
-
-def _rss_kb(field: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    raise KeyError(field)
-
-
 def _probe(spec: str):
     """Subprocess entry: peak RSS growth (bytes) of one forward+backward, printed as JSON."""
     s = json.loads(spec)
     torch.set_num_threads(s["threads"])
     args = argparse.Namespace(**s["args"])
     _, _, step = _layer(s["variant"], s["T"], args, torch.device("cpu"))
-    base = _rss_kb("VmRSS")
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        how, before = "VmHWM", None
-    except OSError:
-        how, before = "ru_maxrss", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    step()
-    peak = _rss_kb("VmHWM") if how == "VmHWM" else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    print(json.dumps({"peak_bytes": (peak - base) * 1024, "method": how, "lower_bound": before is not None and before > base}))
+    print(json.dumps(peak_rss_growth(step)))
 
 
 def _peak_memory_cpu(variant, T, args) -> dict:
-    spec = json.dumps({"variant": variant, "T": T, "threads": args.threads, "args": vars(args)})
-    # glibc's mmap threshold pinned at 64 KiB: freed tensors leave the resident set at once, so the
-    # high-water mark measures live memory rather than allocator history
-    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), MALLOC_MMAP_THRESHOLD_="65536")
-    out = subprocess.run([sys.executable, "-m", "basecap.bench.selection", "--probe", spec], capture_output=True, text=True,
-                         check=True, env=env)
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    spec = {"variant": variant, "T": T, "threads": args.threads, "args": vars(args)}
+    return run_probe("basecap.bench.selection", spec, args.threads)
 
 
 def _self_check(variants, args, device) -> dict:
@@ -199,11 +162,11 @@ def _decode(variant, ctx, args, device) -> dict:
     nxt = logits[:, -1:].argmax(-1)
     times = []
     for i in range(args.decode_steps + 2):
-        _sync(device)
+        sync(device)
         t = time.perf_counter()
         logits, state = model(nxt, state)
         nxt = logits[:, -1:].argmax(-1)
-        _sync(device)
+        sync(device)
         if i >= 2:  # two warm-up tokens
             times.append(time.perf_counter() - t)
     return {"ms_per_token": 1e3 * statistics.median(times)}
@@ -242,11 +205,7 @@ def _targets(res) -> dict:
 
 
 def _plot(res, path: Path):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, ax = plt.subplots(1, 4, figsize=(20, 4.5))
     for v in VARIANTS:
         rows = [r for r in res["layer"] if r["variant"] == v]
@@ -278,7 +237,7 @@ def _plot(res, path: Path):
     plt.close(fig)
 
 
-def main(argv: list[str] | None = None):
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="basecap bench selection", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--lengths", type=int, nargs="+", default=[2048, 4096, 8192, 16384, 32768])
     ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
@@ -305,45 +264,41 @@ def main(argv: list[str] | None = None):
     ap.add_argument("--quick", action="store_true", help="small grid: lengths 1k-4k, model 4k, decode 256-2k")
     ap.add_argument("--out", default="bench_results/selection")
     ap.add_argument("--probe", help=argparse.SUPPRESS)
-    args = ap.parse_args(argv)
-    if args.probe:
-        return _probe(args.probe)
-    if args.quick:
-        args.lengths, args.model_len, args.decode_lens, args.reps, args.long_reps = [1024, 2048, 4096], 4096, [256, 1024, 2048], 2, 1
-    device = torch.device(args.device)
-    if device.type == "cpu":
-        torch.set_num_threads(args.threads)
+    return ap
+
+
+def _meta(args, device) -> dict:
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"{platform.processor() or platform.machine()} CPU, {args.threads} thread(s)"
-    res = {"meta": {"device": name, "torch": torch.__version__, "threads": torch.get_num_threads(), "args": vars(args),
-                    "load_average": os.getloadavg(), "time": time.strftime("%Y-%m-%d %H:%M:%S"),
-                    "memory_method": "cuda max_memory_allocated" if device.type == "cuda" else "fresh-process peak RSS growth",
-                    "note": "medians after warm-up; cpu_s is process CPU time (on a shared CPU wall time also counts waiting)"},
-           "layer": [], "core": [], "model": [], "decode": []}
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    return {"device": name, "torch": torch.__version__, "threads": torch.get_num_threads(), "args": vars(args),
+            "load_average": os.getloadavg(), "time": time.strftime("%Y-%m-%d %H:%M:%S"),
+            "memory_method": "cuda max_memory_allocated" if device.type == "cuda" else "fresh-process peak RSS growth",
+            "note": "medians after warm-up; cpu_s is process CPU time (on a shared CPU wall time also counts waiting)"}
 
-    def save():  # after every row: an interrupted run keeps what it measured
-        (out / "selection.json").write_text(json.dumps(res, indent=1))
 
-    ok = _self_check(args.variants, args, device)
-    variants = [v for v in args.variants if ok[v]]
+def _run_layers(args, device, variants, ok, res, save):
+    """Layer forward+backward (and peak memory) of every variant, and the mixing op alone, per length."""
     print(f"{'T':>6} {'variant':<18} {'wall s':>9} {'cpu s':>9} {'peak MiB':>9}", flush=True)
     for T in args.lengths:
+        reps = args.reps if T <= 8192 else args.long_reps
         for v in variants:
             _, _, step = _layer(v, T, args, device)
-            row = {"variant": v, "T": T, **_timed(step, device, args.warmup, args.reps if T <= 8192 else args.long_reps)}
+            row = {"variant": v, "T": T, **_timed(step, device, args.warmup, reps)}
             if not args.no_memory and T <= args.memory_max_len:
-                row |= {"peak_bytes": _peak_memory_cuda(step, device)} if device.type == "cuda" else _peak_memory_cpu(v, T, args)
+                row |= {"peak_bytes": peak_memory_cuda(step, device)} if device.type == "cuda" else _peak_memory_cpu(v, T, args)
             res["layer"].append(row)
             save()
             mib = f"{row['peak_bytes'] / 2**20:9.1f}" if "peak_bytes" in row else f"{'-':>9}"
             print(f"{T:>6} {v:<18} {row['wall_s']:9.3f} {row['cpu_s']:9.3f} {mib}", flush=True)
             del step
         for v in [c for c in args.core_variants if ok.get(c)]:
-            row = {"variant": v, "T": T, **_timed(_core(v, T, args, device), device, args.warmup, args.reps if T <= 8192 else args.long_reps)}
+            row = {"variant": v, "T": T, **_timed(_core(v, T, args, device), device, args.warmup, reps)}
             res["core"].append(row)
             save()
             print(f"{T:>6} {v + ' (core)':<18} {row['wall_s']:9.3f} {row['cpu_s']:9.3f}", flush=True)
+
+
+def _run_models(args, device, variants, ok, res, save):
+    """One training step of the model per variant, then decode latency per context length."""
     for v in [m for m in args.model_variants if ok.get(m, True)]:
         row = {"variant": v, "T": args.model_len, **_model_step(v, args.model_len, args, device)}
         res["model"].append(row)
@@ -354,6 +309,28 @@ def main(argv: list[str] | None = None):
             res["decode"].append({"variant": v, "ctx": ctx, **_decode(v, ctx, args, device)})
             save()
             print(f"decode ctx={ctx:>6} {v:<18} {res['decode'][-1]['ms_per_token']:.2f} ms/token", flush=True)
+
+
+def main(argv: list[str] | None = None):
+    args = _parser().parse_args(argv)
+    if args.probe:
+        return _probe(args.probe)
+    if args.quick:
+        args.lengths, args.model_len, args.decode_lens, args.reps, args.long_reps = [1024, 2048, 4096], 4096, [256, 1024, 2048], 2, 1
+    device = torch.device(args.device)
+    if device.type == "cpu":
+        torch.set_num_threads(args.threads)
+    res = {"meta": _meta(args, device), "layer": [], "core": [], "model": [], "decode": []}
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+
+    def save():  # after every row: an interrupted run keeps what it measured
+        (out / "selection.json").write_text(json.dumps(res, indent=1))
+
+    ok = _self_check(args.variants, args, device)
+    variants = [v for v in args.variants if ok[v]]
+    _run_layers(args, device, variants, ok, res, save)
+    _run_models(args, device, variants, ok, res, save)
     res["targets"] = _targets(res)
     for k, t in res["targets"].items():
         print(f"target {k}: {t['value']:.2f} (want {t['target']}) {'MET' if t['met'] else 'MISSED'}", flush=True)
