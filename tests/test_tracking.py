@@ -225,3 +225,55 @@ def test_wandb_offline_run_killed_twice_and_resumed_keeps_one_id_and_every_step_
     assert list((run_dir / "wandb" / "cache").rglob("*.log"))  # wandb's own logs stayed in the run directory
     for log in (run_dir / "wandb").rglob("*.log"):
         assert "127.0.0.1:9" not in log.read_text(errors="replace"), log
+
+
+def test_trainer_feeds_both_loggers_across_a_resume(tiny_corpus, tiny_recipe_path, tmp_path, monkeypatch):
+    """train.loggers wired into the trainer: a run trained, its last checkpoint lost, resumed; TensorBoard's
+    reader and the W&B files hold every step once, with metrics.jsonl's values."""
+    import shutil
+
+    from basecap.config import validate_run
+    from basecap.train import train
+
+    need("tensorboard")
+    need("wandb")
+    for k, v in {"WANDB_MODE": "offline", "WANDB_SILENT": "true", "WANDB_CONSOLE": "off"}.items():
+        monkeypatch.setenv(k, v)
+    cfg = validate_run({
+        "name": "t", "seed": 0,
+        "data": {"recipe": str(tiny_recipe_path), "train_weights": {"prose": 1.0}, "seq_len": 32},
+        "model": {"d_model": 32, "n_layers": 2, "max_seq_len": 32, "mixer": {"name": "attention", "head_dim": 8}},
+        "train": {"steps": 8, "batch_size": 4, "warmup_steps": 2, "checkpoint_every": 4, "progress": False,
+                  "loggers": ["tensorboard", "wandb"]},
+        "eval": {"every": 4, "max_tokens": 1024, "batch_size": 4},
+    })
+    assert cfg.train.loggers == ["jsonl", "tensorboard", "wandb"]
+    rd = tmp_path / "exp" / "t-s0"
+    train(cfg, rd, corpus=tiny_corpus, log=lambda *_: None)
+    shutil.rmtree(rd / "checkpoints" / "step_00000008")
+    os.remove(rd / "done.json")
+    train(cfg, rd, corpus=tiny_corpus, log=lambda *_: None)  # resumes at step 4
+    want: dict[int, dict] = {}
+    for line in (rd / "metrics.jsonl").read_text().splitlines():
+        rec = json.loads(line)
+        want.setdefault(rec["step"], {}).update(scalars(rec))
+
+    def same(step, values):  # tokens/s is measured again after the resume; every other value is exact
+        keep = lambda d: {k: np.float32(x) for k, x in d.items() if k != "train/tokens_per_s" or step <= 4}  # noqa: E731
+        return keep(values) == keep({k: want[step][k] for k in values})
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(rd / "tensorboard"), size_guidance={"scalars": 0})
+    acc.Reload()
+    assert "eval/code/bpb" in acc.Tags()["scalars"] and "train/grad_norm" in acc.Tags()["scalars"]
+    for tag in acc.Tags()["scalars"]:
+        events = acc.Scalars(tag)
+        assert [e.step for e in events] == [s for s in sorted(want) if tag in want[s]], tag
+        assert all(same(e.step, {tag: e.value}) for e in events), tag
+    state = json.loads((rd / "wandb_run.json").read_text())
+    files = wandb_run_files(rd, state["id"])
+    assert len(files) == 2  # one offline folder per process, one run id
+    logged = [(s, v) for f in files for s, v in read_wandb_file(f)["history"]]
+    assert [s for s, _ in logged] == list(range(1, 9))
+    assert all(same(s, v) for s, v in logged)

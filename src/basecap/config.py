@@ -19,6 +19,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 
 from .config_base import ConfigError, Strict, format_validation_error
 from .matching import resolve as resolve_config
+from .tracking import normalize_loggers
 from .model import ModelConfig
 
 
@@ -62,6 +63,13 @@ class TrainConfig(Strict):
     keep_checkpoints: int = Field(2, gt=0)
     log_every: int = Field(10, gt=0)
     progress: bool = True
+    loggers: list[Literal["jsonl", "tensorboard", "wandb"]] = Field(
+        default_factory=lambda: ["jsonl"], description="jsonl (always on, the source of truth), tensorboard, wandb (docs/tracking.md)")
+
+    @field_validator("loggers")
+    @classmethod
+    def _loggers(cls, v):
+        return list(normalize_loggers(v))
 
     @model_validator(mode="after")
     def _check(self):

@@ -25,6 +25,7 @@ def resolve_experiment(path: str | Path, overrides: list[str] | None = None) -> 
     """An experiment file read, validated and resolved: its suites' options checked and every run
     parameter-matched, all before any compute."""
     from .eval.suites import check_suite_options
+    from .tracking import check_loggers
 
     exp = load_experiment(path, overrides)
     for i, spec in enumerate(exp.suites):
@@ -32,7 +33,10 @@ def resolve_experiment(path: str | Path, overrides: list[str] | None = None) -> 
             check_suite_options(spec["suite"], suite_options(spec))
         except ConfigError as e:
             raise ConfigError(f"suites[{i}]: {e}") from None
-    return exp, exp.resolve()
+    runs = exp.resolve()
+    for rc in runs:
+        check_loggers(rc.train.loggers)  # a logger's missing package fails before any compute
+    return exp, runs
 
 
 def prepare_corpus(runs: list[RunConfig], log=print):

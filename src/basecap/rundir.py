@@ -8,6 +8,8 @@ A run directory (``<out_dir>/<run_id>/``) holds::
     eval.json              test-split loss and bits per byte (basecap eval)
     eval_<suite>.json      a suite's result; a named suite entry writes suite_<name>/eval_<suite>.json
     checkpoints/step_N/    checkpoints (format: basecap.checkpoint)
+    tensorboard/           event files and flushed.json, with train.loggers = [..., "tensorboard"] (basecap.tracking)
+    wandb_run.json, wandb/ the W&B run id and its offline files, with train.loggers = [..., "wandb"]
 
 Every module that reads or writes one of these goes through ``RunDir``, so a file name is spelled once.
 """

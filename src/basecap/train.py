@@ -27,6 +27,7 @@ from .distributed import DistEnv, grad_sync, init_distributed, mean_across_ranks
 from .eval.ood import DomainEvaluator, in_domain_loss
 from .model import build_model
 from .rundir import RunDir, environment_info
+from .tracking import Tracker, check_loggers, open_loggers
 
 
 class TrainingDiverged(RuntimeError):
@@ -75,6 +76,7 @@ class _Run:
     evaluator: DomainEvaluator
     start: int
     log: Callable
+    tracker: Tracker
     bar: Any = None  # tqdm progress bar on rank 0
 
     @property
@@ -85,6 +87,7 @@ class _Run:
 def train(cfg: RunConfig, run_dir, corpus=None, log=print) -> dict:
     """Train one run into ``run_dir`` (resuming from its last good checkpoint) and return the final
     evaluation record. A finished run is not trained again. ``cfg`` is a resolved run config."""
+    check_loggers(cfg.train.loggers)  # a missing optional package fails before any compute
     device, amp_dtype = resolve_device(cfg, int(os.environ.get("LOCAL_RANK", "0")))
     env = init_distributed(device.type)
     if env.active and cfg.train.batch_size % (env.world_size * cfg.train.grad_accum):
@@ -101,17 +104,19 @@ def train(cfg: RunConfig, run_dir, corpus=None, log=print) -> dict:
     run = _setup(cfg, rd, env, device, amp_dtype, corpus, log)
     final = None
     t_last = time.perf_counter()
-    for step in range(run.start, cfg.train.steps):
-        loss, lr, gnorm = _step(run, step)
-        now = time.perf_counter()
-        _record_step(run, step + 1, loss, lr, gnorm, run.tokens_per_step / max(now - t_last, 1e-9))
-        t_last = now
-        done = step + 1
-        if done % cfg.eval.every == 0 or done == cfg.train.steps:
-            final = _evaluate(run, done)
-        if done % cfg.train.checkpoint_every == 0 or done == cfg.train.steps:
-            save_checkpoint(rd.checkpoints, done, run.model, run.opt, {}, keep=cfg.train.keep_checkpoints, env=env)
-    return _finish(run, final)
+    with run.tracker:  # closed as failed if the loop raises
+        for step in range(run.start, cfg.train.steps):
+            loss, lr, gnorm = _step(run, step)
+            now = time.perf_counter()
+            _record_step(run, step + 1, loss, lr, gnorm, run.tokens_per_step / max(now - t_last, 1e-9))
+            t_last = now
+            done = step + 1
+            if done % cfg.eval.every == 0 or done == cfg.train.steps:
+                final = _evaluate(run, done)
+            if done % cfg.train.checkpoint_every == 0 or done == cfg.train.steps:
+                save_checkpoint(rd.checkpoints, done, run.model, run.opt, {}, keep=cfg.train.keep_checkpoints, env=env)
+                run.tracker.flush()
+        return _finish(run, final)
 
 
 def _setup(cfg: RunConfig, rd: RunDir, env: DistEnv, device, amp_dtype, corpus, log) -> _Run:
@@ -143,11 +148,14 @@ def _setup(cfg: RunConfig, rd: RunDir, env: DistEnv, device, amp_dtype, corpus, 
     if env.is_main:
         rd.truncate_metrics(start)
         rd.write_info(info)
+    # the trackers fill what they lack up to the checkpoint from metrics.jsonl, and skip what they hold
+    tracker = open_loggers(cfg.train.loggers, rd.path, project=rd.path.resolve().parent.name, name=cfg.run_id, group=cfg.name,
+                           config=info, history=rd.read_metrics() if env.is_main else (), enabled=env.is_main)
     if start == 0:
         counts = info["params"]
         log(f"[{cfg.run_id}] {cfg.model.mixer.name}: {counts['total'] / 1e6:.2f}M params "
             f"({counts['non_embedding'] / 1e6:.2f}M non-embedding), {info['flops_per_token'] / 1e6:.1f} MFLOPs/token fwd, device {device}")
-    run = _Run(cfg, rd, env, device, autocast, model, opt, batches, evaluator, start, log)
+    run = _Run(cfg, rd, env, device, autocast, model, opt, batches, evaluator, start, log, tracker)
     if cfg.train.progress and env.is_main:
         from tqdm import tqdm
 
@@ -209,6 +217,7 @@ def _record_step(run: _Run, done: int, loss: float, lr: float, gnorm, tokens_per
     rec = {"kind": "train", "step": done, "loss": loss, "lr": lr, "grad_norm": float(gnorm), "tokens_per_s": tokens_per_s}
     if run.env.is_main:
         run.rd.append_metrics(rec)
+        run.tracker.log(rec)
     if run.bar:
         run.bar.update(1)
         run.bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{tokens_per_s:.0f}", refresh=False)
@@ -223,6 +232,7 @@ def _evaluate(run: _Run, step: int) -> dict:
            "in_domain_loss": in_domain_loss(res, run.cfg.data.train_weights), "domains": res}
     if run.env.is_main:
         run.rd.append_metrics(rec)
+        run.tracker.log(rec)
     return rec
 
 
