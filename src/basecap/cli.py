@@ -212,7 +212,7 @@ def _add_run(sub) -> None:
 def _cmd_mixers(args):
     """List every registered sequence mixer: its config switches, parameter count at a size preset (MLP
     width matched to Transformer++), recurrent state bytes per sequence and asymptotic cost."""
-    from .mixers.catalog import describe, format_table
+    from .catalog import describe, format_table
 
     rows = describe(args.preset, args.seq_len)
     if args.json:

@@ -7,7 +7,9 @@ import typing
 
 import torch
 
-from . import mixer_class, mixer_names
+from .matching import resolve
+from .mixers import mixer_class, mixer_names
+from .model import LM, ModelConfig
 
 
 def switches(name: str) -> dict[str, str]:
@@ -26,11 +28,9 @@ def switches(name: str) -> dict[str, str]:
 
 
 def describe(preset: str = "tiny", seq_len: int = 2048, vocab_size: int = 8192) -> list[dict]:
-    from ..model import LM, ModelConfig
-
     rows = []
     for name in mixer_names():
-        cfg = ModelConfig(preset=preset, vocab_size=vocab_size, mixer={"name": name})
+        cfg = resolve(ModelConfig(preset=preset, vocab_size=vocab_size, mixer={"name": name}))  # parameter-matched
         with torch.device("meta"):
             model = LM(cfg)
         mixer = model.blocks[0].mixer
