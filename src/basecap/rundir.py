@@ -17,7 +17,6 @@ Every module that reads or writes one of these goes through ``RunDir``, so a fil
 from __future__ import annotations
 
 import json
-import os
 import platform
 import subprocess
 import sys
@@ -25,32 +24,7 @@ from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
-
-def fsync(path: str | Path):
-    """Flush a file (or a folder's entries) to disk."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def atomic_write(path: str | Path, data: str | bytes) -> Path:
-    """Write ``data`` to ``path`` so that a reader sees the old file or the whole new one, never a part:
-    a temporary file in the same folder, flushed and fsynced, then renamed over ``path``."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "wb") as f:
-        f.write(data.encode() if isinstance(data, str) else data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    return path
-
-
-def write_json(path: str | Path, obj, **dumps_kw) -> Path:
-    """``obj`` as indented JSON, written atomically (``dumps_kw`` go to ``json.dumps``, e.g. ``default=str``)."""
-    return atomic_write(path, json.dumps(obj, indent=1, **dumps_kw))
+from .atomic import atomic_write, fsync, write_json  # noqa: F401 - the run directory's writes
 
 
 def environment_info(device) -> dict:

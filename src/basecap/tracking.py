@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 from .config_base import ConfigError
+from .atomic import write_json
 
 LOGGERS = ("jsonl", "tensorboard", "wandb")
 # logger -> (module that must be importable, extra of basecap that installs it)
@@ -288,14 +289,8 @@ def _read_json(path: Path) -> dict | None:
 
 
 def _write_json(path: Path, obj: dict):
-    """Atomic and durable, like the run directory's writes (this module sits below it and cannot import it)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w") as f:
-        f.write(json.dumps(obj, indent=1))
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    write_json(path, obj)
 
 
 @contextmanager

@@ -26,6 +26,7 @@ from typing import Callable
 
 import numpy as np
 
+from ..atomic import write_json
 from .collect import Spool, collect, load_collected, save_collected
 from .corpus import MANIFEST_FORMAT, Corpus
 from .recipe import SPLITS, BPETokenizerConfig, RecipeConfig, load_recipe
@@ -222,9 +223,7 @@ def _build_into(out: Path, recipe: RecipeConfig, prepared: list[PreparedSource],
         "sources": _source_entries(prepared, selected),
     }
     shutil.rmtree(work)  # the finished corpus holds no work files (units, spool); the manifest comes last
-    tmp = out / "manifest.json.tmp"
-    tmp.write_text(json.dumps(manifest, indent=1), encoding="utf-8")
-    os.replace(tmp, out / "manifest.json")
+    write_json(out / "manifest.json", manifest)
 
 
 def _selection(work: Path, recipe: RecipeConfig, prepared: list[PreparedSource], log,

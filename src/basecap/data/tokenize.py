@@ -24,6 +24,7 @@ from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
+from ..atomic import atomic_open
 from .tokenizer import load_tokenizer
 
 
@@ -124,12 +125,8 @@ def load_unit(path: Path) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _commit(path: Path, tokens: np.ndarray, lengths: np.ndarray) -> None:
-    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as f:
+    with atomic_open(path) as f:
         np.savez(f, tokens=tokens, lengths=lengths)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 _worker_tok = None
