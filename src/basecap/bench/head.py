@@ -5,6 +5,7 @@
 - chunked: ``ops.linear_ce.linear_cross_entropy``, chunks of tokens with their gradient folded in
   forward (default chunk: ``CHUNK_LOGITS`` logits);
 - fla: flash-linear-attention's fused Triton kernel (CUDA only, when fla imports).
+All three through ``kernels.linear_ce.lm_head_loss`` (``impl`` = "plain", "chunked", "fast").
 
 For every (tokens N, width D, vocab V): forward+backward wall and process CPU time (median after
 warm-up; the variants alternate within each round so drift hits both alike) and peak memory. Peak
@@ -31,22 +32,17 @@ import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
-from ..ops.linear_ce import CHUNK_LOGITS, default_chunk_tokens, linear_cross_entropy
+from ..kernels.linear_ce import lm_head_loss
+from ..ops.linear_ce import CHUNK_LOGITS, default_chunk_tokens
 from .common import rel_err
 
 VARIANTS = ("plain", "chunked", "fla")
 
 
 def _loss_fn(variant: str, chunk_tokens: int | None):
-    if variant == "plain":
-        return lambda h, w, t: F.cross_entropy((h @ w.T).float(), t)
-    if variant == "chunked":
-        return lambda h, w, t: linear_cross_entropy(h, w, t, chunk_tokens=chunk_tokens)
-    from ..kernels.linear_ce import lm_head_loss
-
-    return lambda h, w, t: lm_head_loss(h, w, t, impl="fast")
+    impl = {"plain": "plain", "chunked": "chunked", "fla": "fast"}[variant]
+    return lambda h, w, t: lm_head_loss(h, w, t, impl=impl, chunk_tokens=chunk_tokens)
 
 
 def _inputs(N: int, D: int, V: int, device, seed: int = 0):

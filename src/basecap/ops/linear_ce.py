@@ -22,7 +22,10 @@ import torch
 
 Tensor = torch.Tensor
 
-CHUNK_LOGITS = 1 << 20  # logits per chunk when ``chunk_tokens`` is not given: 4 MiB in fp32 (docs/performance.md)
+# Logits per chunk when ``chunk_tokens`` is not given: 8 MiB in fp32 (256 tokens at V = 8192). On one
+# thread 4-8 MiB chunks were fastest (2 MiB and 32 MiB slower); on a CPU shared with other jobs,
+# two threads ran the smaller chunks' many ops with large stalls, so the larger of the two.
+CHUNK_LOGITS = 1 << 21
 REDUCTIONS = ("mean", "sum", "none")
 
 
@@ -35,56 +38,52 @@ def _compute_dtype(hidden: Tensor, weight: Tensor) -> torch.dtype:
     return torch.promote_types(torch.promote_types(hidden.dtype, weight.dtype), torch.float32)
 
 
-def _chunk(h: Tensor, w: Tensor, t: Tensor, ignore_index: int, grad: bool):
-    """One chunk of tokens: per-token loss [C] (0 where ignored), log-sum-exp [C] and, with ``grad``,
-    d loss_i / d logits = softmax - onehot [C, V], zero on ignored rows.
-
-    Works in place on the chunk's logits, the only [C, V] buffer (``torch.logsumexp`` would add a second)."""
-    logits = h @ w.t()  # [C, V]
-    valid = t != ignore_index
-    t_safe = torch.where(valid, t, 0)
-    target_logit = logits.gather(1, t_safe[:, None])  # [C, 1], a copy
-    m = logits.amax(dim=1, keepdim=True)
-    e = logits.sub_(m).exp_()
-    s = e.sum(dim=1, keepdim=True)
-    lse = m + s.log()
-    loss = torch.where(valid, (lse - target_logit).squeeze(1), 0.0)
-    if not grad:
-        return loss, lse.squeeze(1), None
-    g = e.div_(torch.where(valid[:, None], s, torch.inf))  # softmax; an ignored row divides to zero
-    g.scatter_add_(1, t_safe[:, None], -valid.to(g.dtype)[:, None])
-    return loss, lse.squeeze(1), g
-
-
-def _chunk_grad(h: Tensor, w: Tensor, t: Tensor, lse: Tensor, row_scale: Tensor, ignore_index: int) -> Tensor:
-    """d (sum_i row_scale_i loss_i) / d logits [C, V] of one chunk, recomputed from its log-sum-exp."""
-    valid = t != ignore_index
-    g = (h @ w.t()).sub_(lse[:, None]).exp_()
-    g.scatter_add_(1, torch.where(valid, t, 0)[:, None], -valid.to(g.dtype)[:, None])
-    return g.mul_(torch.where(valid, row_scale, 0)[:, None])
+def _targets(hidden: Tensor, w: Tensor, targets: Tensor, ignore_index: int):
+    """Non-ignored mask [N], targets with ignored ones set to class 0 [N], and the target logits
+    hidden_i . w[t_i] [N], all tokens at once (per-chunk small ops cost more than their arithmetic)."""
+    valid = targets != ignore_index
+    t_safe = torch.where(valid, targets, 0)
+    target_logit = (hidden * w.index_select(0, t_safe)).sum(1)
+    return valid, t_safe, target_logit
 
 
 def _forward(hidden: Tensor, weight: Tensor, targets: Tensor, chunk: int, ignore_index: int, grad_hidden: bool, grad_weight: bool):
-    """Per-token losses [N] and log-sum-exps [N] (fp32 or float64), plus unscaled folded gradients
-    (sums over tokens of d loss_i / d hidden and d loss_i / d weight) for those asked for."""
+    """Per-token losses [N] (0 where ignored) and log-sum-exps [N] in fp32 (float64 for float64 inputs),
+    plus the unscaled folded gradients (sums over tokens of d loss_i / d hidden and d loss_i / d weight)
+    asked for.
+
+    Each chunk's logits are the only [C, V] buffer: max, exp and softmax are taken in place on it, and
+    with a gradient it becomes d loss_i / d logits = softmax - onehot (zero on ignored rows). Few ops
+    per chunk on purpose: on a shared CPU every op can wait for a busy OpenMP thread."""
     dt = _compute_dtype(hidden, weight)
+    hidden, w = hidden.to(dt), weight.to(dt)
     N = hidden.shape[0]
-    w = weight.to(dt)
-    losses = hidden.new_empty(N, dtype=dt)
-    lses = hidden.new_empty(N, dtype=dt)
-    gh = hidden.new_empty(hidden.shape, dtype=dt) if grad_hidden else None  # [N, D]
+    valid, t_safe, target_logit = _targets(hidden, w, targets, ignore_index)
+    neg_valid = -valid.to(dt)[:, None]  # [N, 1]: the onehot subtracted from the softmax
+    row_max = hidden.new_empty(N, 1)
+    row_sum = hidden.new_empty(N, 1)
+    grad = grad_hidden or grad_weight
+    if grad:  # the softmax divides by the row sum; by inf on ignored rows, which zeroes them
+        inf = hidden.new_tensor(float("inf"))
+    gh = hidden.new_empty(hidden.shape) if grad_hidden else None  # [N, D]
     gw = torch.zeros_like(w) if grad_weight else None  # [V, D]
     for s in range(0, N, chunk):
         e = min(s + chunk, N)
-        h = hidden[s:e].to(dt)  # [C, D]
-        losses[s:e], lses[s:e], g = _chunk(h, w, targets[s:e], ignore_index, gh is not None or gw is not None)
-        if g is None:
+        h = hidden[s:e]  # [C, D]
+        logits = h @ w.t()  # [C, V]
+        torch.amax(logits, dim=1, keepdim=True, out=row_max[s:e])
+        torch.sum(logits.sub_(row_max[s:e]).exp_(), dim=1, keepdim=True, out=row_sum[s:e])
+        if not grad:
             continue
+        g = logits.div_(torch.where(valid[s:e, None], row_sum[s:e], inf))
+        g.scatter_add_(1, t_safe[s:e, None], neg_valid[s:e])
         if gh is not None:
             torch.mm(g, w, out=gh[s:e])
         if gw is not None:
             gw.addmm_(g.t(), h)
-    return losses, lses, gh, gw
+    lse = (row_max + row_sum.log_()).squeeze(1)
+    losses = torch.where(valid, lse - target_logit, 0.0)
+    return losses, lse, gh, gw
 
 
 def _reduce(losses: Tensor, targets: Tensor, ignore_index: int, reduction: str) -> tuple[Tensor, Tensor | None]:
@@ -135,20 +134,24 @@ class _LinearCrossEntropyPerToken(torch.autograd.Function):
     def backward(ctx, grad_out):
         hidden, weight, targets, lses = ctx.saved_tensors
         need_h, need_w = ctx.needs_input_grad[:2]
-        dt = lses.dtype
-        w = weight.to(dt)
-        grad_out = grad_out.to(dt)
-        gh = torch.empty(hidden.shape, dtype=dt, device=hidden.device) if need_h else None
+        out_dtypes, dt = (hidden.dtype, weight.dtype), lses.dtype
+        hidden, w, grad_out = hidden.to(dt), weight.to(dt), grad_out.to(dt)
+        gh = torch.empty_like(hidden) if need_h else None
         gw = torch.zeros_like(w) if need_w else None
+        valid = targets != ctx.ignore_index
+        t_safe = torch.where(valid, targets, 0)[:, None]  # [N, 1]
+        row_scale = torch.where(valid, grad_out, 0)[:, None]  # [N, 1]
+        neg_valid = -valid.to(dt)[:, None]
         for s in range(0, hidden.shape[0], ctx.chunk):
             e = min(s + ctx.chunk, hidden.shape[0])
-            h = hidden[s:e].to(dt)
-            g = _chunk_grad(h, w, targets[s:e], lses[s:e], grad_out[s:e], ctx.ignore_index)  # [C, V]
+            h = hidden[s:e]  # [C, D]
+            g = (h @ w.t()).sub_(lses[s:e, None]).exp_()  # softmax, recomputed [C, V]
+            g.scatter_add_(1, t_safe[s:e], neg_valid[s:e]).mul_(row_scale[s:e])
             if gh is not None:
                 torch.mm(g, w, out=gh[s:e])
             if gw is not None:
                 gw.addmm_(g.t(), h)
-        return (gh.to(hidden.dtype) if gh is not None else None, gw.to(weight.dtype) if gw is not None else None,
+        return (gh.to(out_dtypes[0]) if gh is not None else None, gw.to(out_dtypes[1]) if gw is not None else None,
                 None, None, None)
 
 
