@@ -1,5 +1,6 @@
 """The shape of the house, read from the source with ``ast``: no import cycle between modules of
-basecap (imports inside functions count), and no mixer module importing another mixer module."""
+basecap (imports inside functions count), no module importing a layer above its own (docs/architecture.md),
+and no mixer module importing another mixer module."""
 
 from __future__ import annotations
 
@@ -91,6 +92,31 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return out
 
 
+# the layers of docs/architecture.md, bottom first: a module may import its own layer and the ones below
+LAYERS = [
+    ["config_base", "atomic", "ops", "kernels", "distributed", "presets"],
+    ["data", "mixers", "tracking"],
+    ["model", "matching", "config"],
+    ["rundir", "checkpoint"],
+    ["train", "eval", "report"],
+    ["experiment", "bench", "hf", "catalog", "plan", "sweep", "tune"],
+    ["cli", "__main__", "lm_eval_plugin"],
+]
+
+
+def layer_of(module: str) -> int | None:
+    """The layer of a module: that of the longest listed name it is (or lies under); the package root is 0."""
+    if module == PKG:
+        return 0
+    best = None
+    for i, names in enumerate(LAYERS):
+        for name in names:
+            full = f"{PKG}.{name}"
+            if (module == full or module.startswith(full + ".")) and (best is None or len(full) > best[1]):
+                best = (i, len(full))
+    return None if best is None else best[0]
+
+
 def registered_mixer_modules() -> set[str]:
     """Modules named in the registries ``_MIXERS`` and ``_MLPS`` of basecap.mixers (read, not imported)."""
     tree = ast.parse(MODULES[f"{PKG}.mixers"].read_text())
@@ -121,3 +147,15 @@ def test_no_mixer_imports_another_mixer(mixer):
         pytest.skip(f"{mixer} is registered but has no file")
     others = (imports_of(mixer) & registered_mixer_modules()) - {mixer}
     assert not others, f"{mixer} imports other mixer module(s) {sorted(others)}; shared parts belong in the mixer kit"
+
+
+def test_every_module_has_a_layer():
+    missing = sorted(m for m in MODULES if layer_of(m) is None)
+    assert not missing, f"modules with no layer in tests/test_imports.py LAYERS (and docs/architecture.md): {missing}"
+
+
+def test_no_import_points_up_the_layers():
+    up = [f"{m} (layer {layer_of(m) + 1}) imports {d} (layer {layer_of(d) + 1})"
+          for m, deps in sorted(import_graph().items()) for d in sorted(deps)
+          if layer_of(m) is not None and layer_of(d) is not None and layer_of(d) > layer_of(m)]
+    assert not up, "imports that point up the layers of docs/architecture.md:\n" + "\n".join(up)
