@@ -259,8 +259,8 @@ def recipe_from_dict(raw: dict, origin: str = "recipe") -> RecipeConfig:
         raise ConfigError(f"{origin}: " + format_validation_error(e)) from None
 
 
-def load_recipe(name_or_path: str | os.PathLike) -> RecipeConfig:
-    """A built-in recipe by name (e.g. ``"default"``) or a TOML file by path."""
+def _read_recipe(name_or_path: str | os.PathLike) -> tuple[dict, str]:
+    """(the raw tables of a built-in recipe or a recipe file, a name for messages)."""
     p = Path(name_or_path).expanduser()
     builtin = builtin_recipes()
     if p.suffix == ".toml" or p.exists() or os.sep in str(name_or_path):
@@ -276,6 +276,27 @@ def load_recipe(name_or_path: str | os.PathLike) -> RecipeConfig:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{origin}: invalid TOML: {e}") from None
-    if base is not None:
-        raw = _resolve_paths(raw, base)
+    return (_resolve_paths(raw, base) if base is not None else raw), origin
+
+
+def _merge_recipe(base: dict, over: dict) -> dict:
+    """``over`` on top of ``base``: tables merge key by key, anything else (lists of sources included) replaces."""
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = _merge_recipe(base[k], v) if isinstance(v, dict) and isinstance(base.get(k), dict) else v
+    return out
+
+
+def load_recipe(name_or_path: str | os.PathLike) -> RecipeConfig:
+    """A built-in recipe by name (e.g. ``"default"``) or a TOML file by path. A recipe may start from a
+    built-in one with ``extends = "default"`` and change some of its tables (e.g. ``[tokenizer] vocab_size``)."""
+    raw, origin = _read_recipe(name_or_path)
+    if "extends" in raw:
+        parent = raw.pop("extends")
+        if not isinstance(parent, str) or parent not in builtin_recipes():
+            raise ConfigError(f"{origin}: extends: {parent!r} is not a built-in recipe; allowed: {builtin_recipes()}")
+        base, _ = _read_recipe(parent)
+        if "extends" in base:
+            raise ConfigError(f"{origin}: extends: {parent!r} extends another recipe itself (one level only)")
+        raw = _merge_recipe(base, raw)
     return recipe_from_dict(raw, origin)
