@@ -13,8 +13,10 @@ of the previous one. With several ranks the checkpoint folder must be on a files
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
+import pickle
 import shutil
 import warnings
 from contextlib import contextmanager
@@ -23,6 +25,7 @@ from pathlib import Path
 import torch
 import torch.distributed.checkpoint as dcp
 from safetensors.torch import load_file, save_file
+from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
@@ -30,12 +33,66 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
-from .distributed import DistEnv, barrier
+from .distributed import DistEnv, rank0_error
 from .rundir import fsync
 
 
 class CheckpointError(RuntimeError):
     pass
+
+
+# Every global the metadata pickle of a basecap checkpoint refers to (torch.distributed.checkpoint's own
+# dataclasses, sizes, dtypes, layouts); any other global (os.system, builtins.eval, ...) is refused.
+_DCP = "torch.distributed.checkpoint"
+_METADATA_GLOBALS = {
+    (f"{_DCP}.metadata", n) for n in ("Metadata", "StorageMeta", "MetadataIndex", "TensorStorageMetadata", "BytesStorageMetadata",
+                                      "ChunkStorageMetadata", "TensorProperties", "_MEM_FORMAT_ENCODING")
+} | {(f"{_DCP}.filesystem", "_StorageInfo"), ("torch", "Size"), ("torch.serialization", "_get_layout"),
+     ("pathlib", "PosixPath"), ("pathlib", "Path"), ("collections", "OrderedDict")}
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    """Unpickles only the types torch.distributed.checkpoint writes into its ``.metadata`` file."""
+
+    def find_class(self, module: str, name: str):
+        if (module, name) in _METADATA_GLOBALS or (module == "torch" and isinstance(getattr(torch, name, None), torch.dtype)):
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"refusing to load {module}.{name}: not a type a basecap checkpoint contains")
+
+
+class SafeReader(dcp.FileSystemReader):
+    """A FileSystemReader whose metadata is read with an allow-list unpickler instead of ``pickle.load``."""
+
+    def read_metadata(self, *args, **kwargs) -> Metadata:
+        path = self._get_metadata_path(kwargs.get("rank"))
+        try:
+            with open(path, "rb") as f:
+                metadata = _MetadataUnpickler(f).load()
+        except (pickle.UnpicklingError, EOFError, AttributeError, TypeError, ValueError) as e:
+            raise CheckpointError(f"{path}: refused ({e}); a checkpoint written by basecap never contains this. "
+                                  "Only resume from run directories you trust (docs/security.md)") from None
+        if not isinstance(metadata, Metadata):
+            raise CheckpointError(f"{path}: refused: holds a {type(metadata).__name__}, not checkpoint metadata")
+        if getattr(metadata, "storage_meta", None) is None:
+            metadata.storage_meta = StorageMeta()
+        metadata.storage_meta.load_id = self.load_id
+        return metadata
+
+
+class SafeLoadPlanner(dcp.DefaultLoadPlanner):
+    """Non-tensor entries (optimizer hyper-parameters) loaded with ``torch.load(weights_only=True)``; the
+    default planner unpickles them fully."""
+
+    def load_bytes(self, read_item, value: io.BytesIO) -> None:
+        try:
+            obj = torch.load(value, weights_only=True)
+        except pickle.UnpicklingError as e:
+            raise CheckpointError(f"checkpoint entry {read_item.dest_index.fqn}: refused ({e}). "
+                                  "Only resume from run directories you trust (docs/security.md)") from None
+        clean = io.BytesIO()
+        torch.save(obj, clean)  # the default planner's torch.load then reads only what we re-wrote
+        clean.seek(0)
+        super().load_bytes(read_item, clean)
 
 
 @contextmanager
@@ -60,18 +117,48 @@ def _files(root: Path) -> list[Path]:
 
 def save_checkpoint(ckpt_root: Path, step: int, model: torch.nn.Module, optimizer, extra: dict, keep: int = 2,
                     env: DistEnv = DistEnv()) -> Path:
+    """Write ``step_N/`` atomically. Every rank calls it; rank 0 writes the files. A failure on rank 0
+    (a full disk, a permission error) reaches every rank, which all raise CheckpointError with the same
+    message; the previous checkpoints stay intact."""
     final = ckpt_root / f"step_{step:08d}"
     tmp = ckpt_root / f".tmp_step_{step:08d}"
+    error = _on_main(env, step, lambda: _fresh_dir(ckpt_root, tmp))
+    if error is None:
+        msd, osd = get_state_dict(model, optimizer)
+        try:
+            with _single_process_ok():
+                dcp.save({"model": msd, "optim": osd}, checkpoint_id=str(tmp / "state"))
+        except Exception as e:
+            if env.is_main:
+                shutil.rmtree(tmp, ignore_errors=True)
+            raise CheckpointError(f"checkpoint at step {step} failed: {type(e).__name__}: {e}") from e
+        full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        error = _on_main(env, step, lambda: _finish_checkpoint(tmp, final, full, {"step": step, "world_size": env.world_size, **extra}, keep))
+    if error is not None:
+        raise CheckpointError(error)
+    return final
+
+
+def _on_main(env: DistEnv, step: int, fn) -> str | None:
+    """Run ``fn`` on rank 0; its error message (or None) on every rank."""
+    error = None
     if env.is_main:
-        ckpt_root.mkdir(parents=True, exist_ok=True)
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir()
-    barrier(env)
-    msd, osd = get_state_dict(model, optimizer)
-    with _single_process_ok():
-        dcp.save({"model": msd, "optim": osd}, checkpoint_id=str(tmp / "state"))
-    full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    if env.is_main:
+        try:
+            fn()
+        except Exception as e:  # noqa: BLE001 - any failure must reach the other ranks before we raise
+            error = f"checkpoint at step {step} failed on rank 0: {type(e).__name__}: {e}"
+    return rank0_error(error, env)
+
+
+def _fresh_dir(ckpt_root: Path, tmp: Path):
+    ckpt_root.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+
+
+def _finish_checkpoint(tmp: Path, final: Path, full: dict, trainer: dict, keep: int):
+    """Rank 0: full weights, trainer.json and the hashes into ``tmp``; fsync; rename to ``final``; prune."""
+    try:
         # safetensors refuses shared storage (tied embeddings): store each tensor once
         tensors, seen = {}, set()
         for k, v in full.items():
@@ -80,19 +167,20 @@ def save_checkpoint(ckpt_root: Path, step: int, model: torch.nn.Module, optimize
             seen.add(v.data_ptr())
             tensors[k] = v.detach().contiguous().cpu()
         save_file(tensors, tmp / "model.safetensors")
-        (tmp / "trainer.json").write_text(json.dumps({"step": step, "world_size": env.world_size, **extra}))
+        (tmp / "trainer.json").write_text(json.dumps(trainer))
         files = _files(tmp)
-        (tmp / "meta.json").write_text(json.dumps({"step": step, "files": {str(f.relative_to(tmp)): _sha256(f) for f in files}}, indent=1))
+        (tmp / "meta.json").write_text(json.dumps({"step": trainer["step"], "files": {str(f.relative_to(tmp)): _sha256(f) for f in files}}, indent=1))
         for f in [*files, tmp / "meta.json"]:
             fsync(f)
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-        fsync(ckpt_root)
-        for old in list_checkpoints(ckpt_root)[:-keep]:
-            shutil.rmtree(old, ignore_errors=True)
-    barrier(env)
-    return final
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)  # free the space a full disk needs; the previous checkpoint stays
+        raise
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    fsync(final.parent)
+    for old in list_checkpoints(final.parent)[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def list_checkpoints(ckpt_root: Path) -> list[Path]:
@@ -130,7 +218,7 @@ def restore(path: Path, model: torch.nn.Module, optimizer) -> dict:
     msd, osd = get_state_dict(model, optimizer)
     state = {"model": msd, "optim": osd}
     with _single_process_ok():
-        dcp.load(state, checkpoint_id=str(path / "state"))
+        dcp.load(state, storage_reader=SafeReader(path / "state"), planner=SafeLoadPlanner())
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
     return json.loads((path / "trainer.json").read_text())
 

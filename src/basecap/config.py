@@ -1,7 +1,9 @@
 """Typed experiment configuration.
 
 An experiment file (TOML) holds a *base* run (``[data]``, ``[model]``, ``[train]``, ``[eval]``), a list of
-``[[runs]]`` that each override parts of the base, and the seeds to repeat every run with.
+``[[runs]]`` that each override parts of the base, the seeds to repeat every run with, and optionally a
+``[sweep]`` (config key -> values: every run is repeated at every combination) and a ``tune`` table
+(choose each run's value of some swept keys on tuning seeds, then compare at it; docs/experiments.md).
 ``run_configs`` turns it into validated ``RunConfig`` objects (validation builds nothing);
 ``resolve`` then applies the explicit resolve step (parameter matching) to each, giving the configs
 that are trained, planned and written to ``run.json``.
@@ -10,6 +12,7 @@ that are trained, planned and written to ``run.json``.
 from __future__ import annotations
 
 import copy
+import itertools
 import re
 import tomllib
 from pathlib import Path
@@ -59,6 +62,7 @@ class TrainConfig(Strict):
     threads: int | None = Field(None, gt=0, description="torch intra-op threads on CPU (default: all cores)")
     compile: bool = False
     parallel: Literal["ddp", "fsdp"] = Field("ddp", description="data parallelism under torchrun (DDP, or FSDP2 sharding)")
+    dist_timeout_s: float = Field(600.0, gt=0, le=86400, description="seconds a collective may wait for the other ranks under torchrun")
     checkpoint_every: int = Field(100, gt=0)
     keep_checkpoints: int = Field(2, gt=0)
     log_every: int = Field(10, gt=0)
@@ -87,6 +91,12 @@ class EvalConfig(Strict):
     batch_size: int = Field(8, gt=0)
 
 
+_NAME = r"[A-Za-z0-9_.+-]+"
+# a run of a sweep is named after its point: the run's name, then each swept key's label and value
+# (transformer_pp@lr=0.003,d_model=64); "@", "=" and "," appear nowhere else, so the name reads back unambiguously
+_RUN_NAME = rf"{_NAME}(@{_NAME}={_NAME}(,{_NAME}={_NAME})*)?"
+
+
 class RunConfig(Strict):
     name: str
     seed: int = 0
@@ -98,8 +108,8 @@ class RunConfig(Strict):
     @field_validator("name")
     @classmethod
     def _name(cls, v):
-        if not re.fullmatch(r"[A-Za-z0-9_.+-]+", v):
-            raise ValueError("run names may use letters, digits and _ . + - only")
+        if not re.fullmatch(_RUN_NAME, v):
+            raise ValueError("run names may use letters, digits and _ . + - only (a sweep point adds @key=value,...)")
         return v
 
     @model_validator(mode="after")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -31,14 +32,16 @@ class DistEnv:
         return self.world_size > 1
 
 
-def init_distributed(device_type: str) -> DistEnv:
-    """Join the process group when launched by torchrun (WORLD_SIZE > 1); a no-op otherwise."""
+def init_distributed(device_type: str, timeout_s: float | None = None) -> DistEnv:
+    """Join the process group when launched by torchrun (WORLD_SIZE > 1); a no-op otherwise.
+    ``timeout_s`` bounds every collective (``train.dist_timeout_s``; None: torch's default). The first
+    call creates the group, so its timeout is the one that holds."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world <= 1:
         return DistEnv()
     if not dist.is_initialized():
         backend = "nccl" if device_type == "cuda" else "gloo"
-        dist.init_process_group(backend)
+        dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s) if timeout_s else None)
     return DistEnv(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", "0")))
 
 
@@ -73,10 +76,10 @@ def grad_sync(model: torch.nn.Module, mode: str, env: DistEnv, sync: bool):
         yield
 
 
-def rank0_first(fn, device_type: str = "cpu"):
+def rank0_first(fn, device_type: str = "cpu", timeout_s: float | None = None):
     """Run ``fn`` on rank 0 first (e.g. building the corpus into the shared data home), then on the
     other ranks, which then find the result cached."""
-    env = init_distributed(device_type)
+    env = init_distributed(device_type, timeout_s)
     if not env.active:
         return fn()
     out = fn() if env.is_main else None
@@ -95,3 +98,20 @@ def mean_across_ranks(value: float, env: DistEnv) -> float:
 def barrier(env: DistEnv):
     if env.active:
         dist.barrier()
+
+
+def rank0_error(message: str | None, env: DistEnv) -> str | None:
+    """Rank 0's error message (None: rank 0 succeeded), on every rank. Ranks call this together after a
+    step only rank 0 performs (writing a checkpoint, taking the run-directory lock), then fail together
+    with the same message instead of waiting for the collective timeout. Sent as bytes, not pickled."""
+    if not env.active:
+        return message
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+    data = (message or "").encode()
+    size = torch.tensor([len(data) if message is not None else -1], dtype=torch.int64, device=device)
+    dist.broadcast(size, src=0)
+    if int(size) < 0:
+        return None
+    buf = torch.tensor(list(data), dtype=torch.uint8, device=device) if env.is_main else torch.empty(int(size), dtype=torch.uint8, device=device)
+    dist.broadcast(buf, src=0)
+    return bytes(buf.cpu().tolist()).decode(errors="replace")

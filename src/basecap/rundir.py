@@ -8,6 +8,7 @@ A run directory (``<out_dir>/<run_id>/``) holds::
     eval.json              test-split loss and bits per byte (basecap eval)
     eval_<suite>.json      a suite's result; a named suite entry writes suite_<name>/eval_<suite>.json
     checkpoints/step_N/    checkpoints (format: basecap.checkpoint)
+    run.lock               held (flock) by the one process training into the folder; holds its PID
     tensorboard/           event files and flushed.json, with train.loggers = [..., "tensorboard"] (basecap.tracking)
     wandb_run.json, wandb/ the W&B run id and its offline files, with train.loggers = [..., "wandb"]
 
@@ -16,15 +17,29 @@ Every module that reads or writes one of these goes through ``RunDir``, so a fil
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
 import platform
+import shutil
 import subprocess
 import sys
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .atomic import atomic_write, fsync, write_json  # noqa: F401 - the run directory's writes
+
+if TYPE_CHECKING:
+    from .distributed import DistEnv
+
+
+class RunDirBusy(RuntimeError):
+    """Another process holds the run directory's lock."""
 
 
 def environment_info(device) -> dict:
@@ -92,6 +107,10 @@ class RunDir:
     def checkpoints(self) -> Path:
         return self.path / "checkpoints"
 
+    @property
+    def lock_path(self) -> Path:
+        return self.path / "run.lock"
+
     def suite_dir(self, name: str | None = None) -> Path:
         """Where a suite entry writes: the run directory, or ``suite_<name>/`` for a named entry (two
         entries of the same suite, e.g. 0-shot and 5-shot lm-eval)."""
@@ -112,6 +131,41 @@ class RunDir:
     def create(self):
         self.path.mkdir(parents=True, exist_ok=True)
 
+    # ---- run.lock -----------------------------------------------------------------------------
+    @contextmanager
+    def lock(self, env: DistEnv | None = None) -> Iterator[None]:
+        """Hold the run directory for the whole run: one process (rank 0 of a torchrun job) takes an
+        exclusive ``flock`` on ``run.lock`` and writes its PID there; a second process fails at once with
+        RunDirBusy naming that PID (every rank of its job fails alike). The kernel drops the lock when the
+        holder exits, even on kill -9, so a crashed run leaves nothing to clean by hand. Once held, the
+        temporary checkpoint folders a crash left behind are removed."""
+        from .distributed import DistEnv, rank0_error  # torch, only when training
+
+        env = env or DistEnv()
+        fd, error = None, None
+        if env.is_main:
+            self.create()
+            fd, error = _take_lock(self.lock_path)
+            if fd is not None:
+                self.remove_stale_temporaries()
+        error = rank0_error(error, env)
+        if error is not None:
+            raise RunDirBusy(error)
+        try:
+            yield
+        finally:
+            if fd is not None:
+                os.close(fd)  # releases the flock; the file stays (unlinking it would race a waiting process)
+
+    def remove_stale_temporaries(self) -> list[Path]:
+        """Remove ``checkpoints/.tmp_step_*`` folders (a checkpoint write cut short); only the lock's
+        holder may call this. Returns what was removed."""
+        stale = sorted(self.checkpoints.glob(".tmp_step_*")) if self.checkpoints.is_dir() else []
+        for p in stale:
+            warnings.warn(f"{p}: removing an incomplete checkpoint left by an interrupted run")
+            shutil.rmtree(p, ignore_errors=True)
+        return stale
+
     # ---- run.json ---------------------------------------------------------------------------
     def exists(self) -> bool:
         return self.info_path.exists()
@@ -129,24 +183,35 @@ class RunDir:
         with open(self.metrics_path, "a") as f:
             f.write(json.dumps(rec) + "\n")
 
-    def read_metrics(self) -> list[dict]:
+    def sync_metrics(self):
+        """Flush metrics.jsonl to disk (before a checkpoint that claims to cover its records)."""
+        if self.metrics_path.exists():
+            fsync(self.metrics_path)
+
+    def _metric_lines(self) -> list[tuple[str, dict]]:
+        """(line, record) for every record. An unparseable last line (an append cut short by a kill or a
+        full disk) is dropped with a warning; one anywhere else is an error naming its line."""
         if not self.metrics_path.exists():
             return []
+        lines = [(i, line) for i, line in enumerate(self.metrics_path.read_text().splitlines(), 1) if line.strip()]
         out = []
-        for i, line in enumerate(self.metrics_path.read_text().splitlines(), 1):
-            if not line.strip():
-                continue
+        for k, (i, line) in enumerate(lines):
             try:
-                out.append(json.loads(line))
+                out.append((line, json.loads(line)))
             except json.JSONDecodeError:
-                raise ValueError(f"{self.metrics_path}:{i}: not valid JSON") from None
+                if k < len(lines) - 1:
+                    raise ValueError(f"{self.metrics_path}:{i}: not valid JSON (a record in the middle of the file is damaged)") from None
+                warnings.warn(f"{self.metrics_path}:{i}: dropping a torn last record (an append was cut short)")
         return out
 
+    def read_metrics(self) -> list[dict]:
+        return [rec for _, rec in self._metric_lines()]
+
     def truncate_metrics(self, step: int):
-        """Drop records after ``step`` (a resumed run rewrites them)."""
+        """Drop records after ``step`` (a resumed run rewrites them) and a torn last line."""
         if not self.metrics_path.exists():
             return
-        keep = [line for line in self.metrics_path.read_text().splitlines() if line.strip() and json.loads(line).get("step", 0) <= step]
+        keep = [line for line, rec in self._metric_lines() if rec.get("step", 0) <= step]
         atomic_write(self.metrics_path, "".join(line + "\n" for line in keep))
 
     # ---- done.json, eval.json ---------------------------------------------------------------
@@ -160,4 +225,19 @@ class RunDir:
         write_json(self.eval_path, result)
 
 
-__all__ = ["RunDir", "atomic_write", "environment_info", "fsync", "suite_file", "write_json"]
+def _take_lock(path: Path) -> tuple[int | None, str | None]:
+    """(fd holding an exclusive flock on ``path`` with our PID written in it, None), or (None, why not)."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
+        os.close(fd)
+        return None, (f"run directory {path.parent} is in use by process {holder} (lock file {path}); "
+                      "wait for that run to finish or stop it, then rerun")
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd, None
+
+
+__all__ = ["RunDir", "RunDirBusy", "atomic_write", "environment_info", "fsync", "suite_file", "write_json"]

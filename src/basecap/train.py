@@ -89,13 +89,17 @@ def train(cfg: RunConfig, run_dir, corpus=None, log=print) -> dict:
     evaluation record. A finished run is not trained again. ``cfg`` is a resolved run config."""
     check_loggers(cfg.train.loggers)  # a missing optional package fails before any compute
     device, amp_dtype = resolve_device(cfg, int(os.environ.get("LOCAL_RANK", "0")))
-    env = init_distributed(device.type)
+    env = init_distributed(device.type, cfg.train.dist_timeout_s)
+    with RunDir(run_dir).lock(env):  # one process (one torchrun job) per run directory, for the whole run
+        return _train(cfg, RunDir(run_dir), env, device, amp_dtype, corpus, log)
+
+
+def _train(cfg: RunConfig, rd: RunDir, env: DistEnv, device, amp_dtype, corpus, log) -> dict:
     if env.active and cfg.train.batch_size % (env.world_size * cfg.train.grad_accum):
         raise ConfigError(f"train.batch_size={cfg.train.batch_size} must be divisible by world_size x grad_accum = "
                           f"{env.world_size} x {cfg.train.grad_accum}")
     if not env.is_main:
         log = lambda *_: None  # noqa: E731 - only rank 0 talks and writes
-    rd = RunDir(run_dir)
     finished = rd.read_done()
     if finished is not None and finished.get("steps") == cfg.train.steps:
         log(f"[{cfg.run_id}] already finished ({cfg.train.steps} steps); skipping")
@@ -114,6 +118,7 @@ def train(cfg: RunConfig, run_dir, corpus=None, log=print) -> dict:
             if done % cfg.eval.every == 0 or done == cfg.train.steps:
                 final = _evaluate(run, done)
             if done % cfg.train.checkpoint_every == 0 or done == cfg.train.steps:
+                rd.sync_metrics()  # on disk before the checkpoint that covers them
                 save_checkpoint(rd.checkpoints, done, run.model, run.opt, {}, keep=cfg.train.keep_checkpoints, env=env)
                 run.tracker.flush()
         return _finish(run, final)
