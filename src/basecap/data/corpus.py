@@ -35,6 +35,7 @@ class Corpus:
         self.dtype = np.dtype(self.manifest["dtype"])
         self._tokenizer = None
         self._shards: dict[tuple[str, str], np.ndarray] = {}
+        self._token_bytes: np.ndarray | None = None
 
     @property
     def name(self) -> str:
@@ -78,8 +79,36 @@ class Corpus:
             raise ValueError(f"{domain}/{split} is empty")
         return info["bytes"] / info["tokens"]
 
+    def token_bytes(self) -> np.ndarray:
+        """UTF-8 bytes of each token id's text, [vocab_size] int64: what bits per byte divides by.
+
+        The document separator and other special tokens count 0 bytes: the separator stands for no text
+        (the manifest's byte counts are the documents' bytes alone), so the bytes of a split's tokens sum
+        to its documents' bytes. In a byte-level BPE vocabulary each character of a token stands for one
+        byte; for other tokenizers a token's bytes are those of its text decoded alone."""
+        if self._token_bytes is None:
+            self._token_bytes = _token_byte_lengths(self.tokenizer, self.vocab_size)
+        return self._token_bytes
+
     def __repr__(self) -> str:
         return f"Corpus({str(self.dir)!r}, domains={self.domains}, vocab_size={self.vocab_size})"
+
+
+def _token_byte_lengths(tok, vocab_size: int) -> np.ndarray:
+    from tokenizers import pre_tokenizers
+
+    byte_level = (json.loads(tok.to_str()).get("decoder") or {}).get("type") == "ByteLevel"
+    alphabet = set(pre_tokenizers.ByteLevel.alphabet())
+    special = set(tok.get_added_tokens_decoder())
+    out = np.zeros(vocab_size, dtype=np.int64)
+    for text, i in tok.get_vocab(with_added_tokens=True).items():
+        if i >= vocab_size or i in special:
+            continue
+        if byte_level and set(text) <= alphabet:
+            out[i] = len(text)
+        else:
+            out[i] = len(tok.decode([i], skip_special_tokens=False).encode("utf-8"))
+    return out
 
 
 def load_corpus(path: str | os.PathLike) -> Corpus:

@@ -74,20 +74,38 @@ class TrainBatches:
         return w[:, :-1], w[:, 1:]
 
 
+def eval_windows(corpus: Corpus, domain: str, split: str = "validation", seq_len: int = 256,
+                 max_tokens: int | None = 65536) -> np.ndarray:
+    """Start of every evaluation window of ``domain``/``split``: fixed, spread over the whole split.
+
+    n = min(max_tokens, len - 1) // T windows (all of the split when ``max_tokens`` is None). The
+    split is cut into n equal strata of (len - 1) // n >= T tokens and window i starts at a random
+    offset inside stratum i, so the windows sample every part of the split (every document, not the
+    first few) and their predicted tokens never overlap. The offsets come from a generator seeded by
+    (domain, split) only: every run, every evaluation step and every evaluator sees the same windows.
+    """
+    n_tokens = len(corpus.tokens(domain, split))
+    available = max(n_tokens - 1, 0) // seq_len
+    n = available if max_tokens is None else min(max_tokens // seq_len, available)
+    if n <= 0:
+        raise ValueError(f"{domain}/{split} has {n_tokens} tokens: not one window of {seq_len} + 1 "
+                         f"(max_tokens={max_tokens})")
+    stratum = (n_tokens - 1) // n
+    rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence(list(f"{domain}\0{split}".encode()))))
+    return np.arange(n, dtype=np.int64) * stratum + rng.integers(0, stratum - seq_len + 1, size=n)
+
+
 def eval_batches(corpus: Corpus, domain: str, split: str = "validation", seq_len: int = 256,
                  batch_size: int = 8, max_tokens: int | None = 65536) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """Non-overlapping windows covering the first ``max_tokens`` predicted tokens of a split.
+    """The windows of :func:`eval_windows` in batches of (x, y) LongTensors [B, T], in split order.
 
-    Window i holds tokens [i*T, i*T + T] (x the first T, y the last T); only full windows are
-    used, so n_windows = min(max_tokens, len - 1) // T. The same arguments give the same batches.
+    A window starting at s holds tokens [s, s + T] (x the first T, y the last T). The same arguments give
+    the same batches.
     """
+    check_domains({"evaluation domain": [domain]}, corpus.domains)
     tokens = corpus.tokens(domain, split)
-    limit = len(tokens) - 1 if max_tokens is None else min(max_tokens, len(tokens) - 1)
-    n = max(limit, 0) // seq_len
-    if n == 0:
-        raise ValueError(f"{domain}/{split} has {len(tokens)} tokens: not one window of {seq_len} + 1")
-    for b in range(0, n, batch_size):
-        rows = range(b, min(b + batch_size, n))
-        w = np.stack([np.asarray(tokens[i * seq_len : i * seq_len + seq_len + 1], dtype=np.int64) for i in rows])
+    starts = eval_windows(corpus, domain, split, seq_len, max_tokens)
+    for b in range(0, len(starts), batch_size):
+        w = np.stack([np.asarray(tokens[s : s + seq_len + 1], dtype=np.int64) for s in starts[b : b + batch_size]])
         w = torch.from_numpy(w)
         yield w[:, :-1], w[:, 1:]
