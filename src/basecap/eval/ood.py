@@ -1,8 +1,9 @@
 """Loss and bits per byte on every domain's held-out text: the paper's main metric.
 
-Bits per byte = loss (nats/token) / ln 2 x tokens/byte of that split, so numbers do not depend on
-the tokenizer. The in-domain loss is the train-weighted mean over the training domains; every other
-domain is out-of-distribution for the run.
+Each domain is scored on fixed windows spread over its whole split (``data.loader.eval_windows``), the
+same for every run and every evaluation. Bits per byte = summed loss (nats) / ln 2 / UTF-8 bytes of the
+tokens scored, so numbers do not depend on the tokenizer. The in-domain loss is the train-weighted mean
+over the training domains; every other domain is out-of-distribution for the run. See docs/metrics.md.
 """
 
 from __future__ import annotations
@@ -11,13 +12,16 @@ import math
 from contextlib import nullcontext
 
 import torch
-import torch.nn.functional as F
 
 
 class DomainEvaluator:
-    """Holds fixed evaluation windows per domain so every evaluation of a run sees the same tokens."""
+    """Holds fixed evaluation windows per domain so every evaluation of a run sees the same tokens.
 
-    def __init__(self, corpus, domains: list[str], split: str, seq_len: int, batch_size: int, max_tokens: int):
+    With ``train_weights``, each domain's result also carries ``unigram_loss``: the training mixture's
+    unigram baseline on the same windows (``data.baselines``)."""
+
+    def __init__(self, corpus, domains: list[str], split: str, seq_len: int, batch_size: int, max_tokens: int,
+                 train_weights: dict[str, float] | None = None):
         from ..data.loader import check_domains, eval_batches
 
         check_domains({"evaluation domains": domains}, corpus.domains)
@@ -26,27 +30,49 @@ class DomainEvaluator:
         empty = [d for d, b in self.batches.items() if not b]
         if empty:
             raise ValueError(f"no {split} tokens to evaluate for domain(s) {empty}: the corpus split is too small for seq_len={seq_len}")
-        self.bytes_per_token = {d: corpus.bytes_per_token(d, split) for d in domains}
+        token_bytes = torch.from_numpy(corpus.token_bytes())
+        self.bytes = {d: int(sum(int(token_bytes[y].sum()) for _, y in b)) for d, b in self.batches.items()}
+        self.unigram: dict[str, float] = {}
+        if train_weights is not None:
+            from ..data.baselines import unigram_losses
+
+            self.unigram = unigram_losses(corpus, train_weights, domains, split, seq_len, max_tokens)
 
     @torch.no_grad()
-    def evaluate(self, model, device="cpu", autocast=None) -> dict[str, dict[str, float]]:
+    def evaluate(self, model, device="cpu", autocast=None) -> dict[str, dict]:
+        """Per domain: ``loss`` (nats/token), ``bpb``, ``tokens`` and ``bytes`` scored, ``window_losses``
+        (the mean loss of each window, for the bootstrap over windows), and ``unigram_loss`` when known."""
         was_training = model.training
         model.eval()
         out = {}
         for d, batches in self.batches.items():
-            total, n = 0.0, 0
+            sums = []
             for x, y in batches:
                 x, y = x.to(device), y.to(device)
                 with autocast() if autocast else nullcontext():
-                    logits, _ = model(x)
-                total += F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), reduction="sum").item()
-                n += y.numel()
+                    losses = token_losses(model, x, y)  # [B, T]
+                sums.append(losses.double().sum(1).cpu())
+            window_sums = torch.cat(sums)
+            n = sum(y.numel() for _, y in batches)
+            total = float(window_sums.sum())
             loss = total / n
-            out[d] = {"loss": loss, "bpb": loss / math.log(2) / self.bytes_per_token[d], "tokens": n}
+            out[d] = {"loss": loss, "bpb": total / math.log(2) / self.bytes[d], "tokens": n, "bytes": self.bytes[d],
+                      "window_losses": [round(v, 6) for v in (window_sums / (n // len(window_sums))).tolist()]}
+            if d in self.unigram:
+                out[d]["unigram_loss"] = self.unigram[d]
         model.train(was_training)
         return out
 
 
-def in_domain_loss(results: dict[str, dict[str, float]], weights: dict[str, float]) -> float:
+def token_losses(model, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Per-token cross-entropy [B, T] in fp32 through the model's fused LM-head loss (the [B, T, V]
+    logits are never whole)."""
+    logits, _ = model(x)
+    return torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), y.flatten(), reduction="none").view_as(y)
+
+
+def in_domain_loss(results: dict[str, dict], weights: dict[str, float], key: str = "loss") -> float:
+    """Training-weight-weighted mean of ``results[d][key]`` over the training domains (weight > 0) that
+    were evaluated: sum_d w_d L_d / sum_d w_d."""
     w = {d: v for d, v in weights.items() if v > 0 and d in results}
-    return sum(results[d]["loss"] * v for d, v in w.items()) / sum(w.values())
+    return sum(results[d][key] * v for d, v in w.items()) / sum(w.values())
