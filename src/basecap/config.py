@@ -22,8 +22,8 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 
 from .config_base import ConfigError, Strict, format_validation_error
 from .matching import resolve as resolve_config
-from .tracking import normalize_loggers
 from .model import ModelConfig
+from .tracking import normalize_loggers
 
 
 class DataConfig(Strict):
@@ -132,6 +132,24 @@ class SpeedConfig(Strict):
     reps: int = Field(3, gt=0)
 
 
+class TuneConfig(Strict):
+    """Tune, then compare: every run is first trained at each swept value of ``keys`` on ``seeds``; the value
+    with the lowest in-domain validation loss (mean over those seeds) is the one its comparison runs use."""
+
+    keys: list[str] = Field(min_length=1, description="swept keys ([sweep]) whose value every run chooses for itself")
+    seeds: list[int] = Field(min_length=1, description="tuning seeds: never used by the comparison")
+    metric: str = Field("in_domain_loss", description="what chooses: the final in-domain loss on the validation split (the only one)")
+
+    @model_validator(mode="after")
+    def _check(self):
+        if self.metric != "in_domain_loss":
+            raise ValueError(f"metric {self.metric!r}: only 'in_domain_loss' (the final in-domain loss on the validation split) may "
+                             "choose a value; the OOD domains are the study's test set, and choosing on them would leak the answer")
+        if len(set(self.keys)) != len(self.keys) or len(set(self.seeds)) != len(self.seeds):
+            raise ValueError(f"repeated keys or seeds: keys={self.keys}, seeds={self.seeds}")
+        return self
+
+
 class ExperimentConfig(Strict):
     name: str
     description: str = ""
@@ -144,17 +162,29 @@ class ExperimentConfig(Strict):
     suites: list[dict[str, Any]] = Field(default_factory=list, description="evaluation suites run on every trained run: "
                                          "[[suites]] suite = 'mqar' plus that suite's options")
     speed: SpeedConfig | None = Field(None, description="also benchmark the runs' mixers against sequence length for the report")
+    sweep: dict[str, Any] = Field(default_factory=dict, description="config key (as --set spells it, e.g. train.lr) -> list of values: "
+                                  "every run is repeated at every combination, named after its values")
+    tune: TuneConfig | None = Field(None, description="tune = { keys, seeds, metric }: choose each run's value of swept keys on "
+                                    "tuning seeds (in-domain validation loss), then compare at the chosen values")
     data: dict[str, Any] = Field(default_factory=dict)
     model: dict[str, Any] = Field(default_factory=dict)
     train: dict[str, Any] = Field(default_factory=dict)
     eval: dict[str, Any] = Field(default_factory=dict)
     runs: list[dict[str, Any]] = Field(default_factory=list)
 
+    @field_validator("sweep", mode="before")
+    @classmethod
+    def _flat_sweep(cls, v):
+        return flatten_keys(v) if isinstance(v, dict) else v
+
     @model_validator(mode="after")
     def _check(self):
         names = [r.get("name") for r in self.runs]
         if any(n is None for n in names):
             raise ValueError("runs: every [[runs]] entry needs a name")
+        bad = [n for n in names if not re.fullmatch(_NAME, str(n))]
+        if bad:
+            raise ValueError(f"runs: run names may use letters, digits and _ . + - only, got {bad}")
         dup = {n for n in names if names.count(n) > 1}
         if dup:
             raise ValueError(f"runs: duplicate run names {sorted(dup)}")
@@ -173,34 +203,186 @@ class ExperimentConfig(Strict):
         keys = [(s.get("suite"), s.get("name")) for s in self.suites]
         if len(set(keys)) != len(keys):
             raise ValueError("suites: two entries of the same suite need different `name`s")
-        if self.reference is not None and self.runs and self.reference not in names:
+        # a sweep point names its run (name@lr=0.003): the reference may be a run or one of its points
+        if self.reference is not None and self.runs and self.reference.split("@")[0] not in names:
             raise ValueError(f"reference: {self.reference!r} is not a run name; runs are {names}")
+        self._check_sweep()
         return self
+
+    def _check_sweep(self):
+        for key, values in self.sweep.items():
+            if key.split(".")[0] not in _SECTIONS or "." not in key:
+                raise ValueError(f"sweep: {key!r} is not a run's config key (a field of {', '.join(_SECTIONS)}, e.g. train.lr)")
+            if not isinstance(values, list) or not values:
+                raise ValueError(f"sweep.{key}: expected a non-empty list of values, got {values!r}")
+            labels = [value_label(key, v) for v in values]
+            if len(set(labels)) != len(labels):
+                raise ValueError(f"sweep.{key}: repeated values {values}")
+        if self.tune is None:
+            return
+        unswept = [k for k in self.tune.keys if k not in self.sweep]
+        if unswept:
+            raise ValueError(f"tune.keys: {unswept} not swept; list the values to try in [sweep] (swept: {list(self.sweep) or 'none'})")
+        shared = sorted(set(self.tune.seeds) & set(self.seeds))
+        if shared:
+            raise ValueError(f"tune.seeds and seeds share {shared}: the comparison must never run on a seed its values were chosen on")
 
     def output_dir(self) -> Path:
         return Path(self.out_dir or (f"runs/{self.name}" + (f"-{self.size}" if self.size else "")))
 
-    def resolve(self) -> list[RunConfig]:
-        """Every (run, seed) resolved for training or planning: validated, then parameter-matched."""
-        return [resolve_config(rc) for rc in self.run_configs()]
+    def resolve(self, configs: list[RunConfig] | None = None) -> list[RunConfig]:
+        """``configs`` (default: every run of ``run_configs``) resolved for training or planning: parameter-matched."""
+        return [resolve_config(rc) for rc in (self.run_configs() if configs is None else configs)]
 
     def run_configs(self) -> list[RunConfig]:
-        """Every (run, seed) as a validated RunConfig, as written (no parameter matching); all errors
-        are raised before any compute."""
+        """Every run the file fixes before any compute, as a validated RunConfig (no parameter matching): each
+        [[runs]] entry x sweep point x seed, seed-major. For a tune experiment, its tuning runs: the comparison
+        runs follow from the tuning's choice (``comparison_configs``). All errors are raised before any compute."""
+        if self.tune is not None:
+            return self.tuning_configs()
+        return self._expand(self.seeds, list(self.sweep))
+
+    def tuning_configs(self) -> list[RunConfig]:
+        """A tune experiment's tuning runs: every run x sweep point x tuning seed (none without ``tune``)."""
+        if self.tune is None:
+            return []
+        runs = self._expand(self.tune.seeds, list(self.sweep))
+        bad = sorted({rc.name.split("@")[0] for rc in runs if rc.eval.split != "validation"})
+        if bad:
+            raise ConfigError(f"tune: runs {bad} evaluate on eval.split='test'; a value is chosen on the validation split only")
+        return runs
+
+    def tuning_grid(self) -> dict[str, list[tuple[dict[str, Any], str]]]:
+        """Comparison run name -> [(tuned values, tuning run name)] in the order of the grid."""
+        if self.tune is None:
+            return {}
+        labels = key_labels(list(self.sweep))
+        fixed = [k for k in self.sweep if k not in self.tune.keys]
+        return {sweep_name(base, point, labels): [(tuned, sweep_name(base, {**point, **tuned}, labels))
+                                                  for tuned in self._points(self.tune.keys)]
+                for _, base, _ in self._bases() for point in self._points(fixed)}
+
+    def comparison_configs(self, chosen: dict[str, dict[str, Any]]) -> list[RunConfig]:
+        """A tune experiment's comparison: every run (x point of the swept keys it does not tune) x seed, at its
+        chosen values (``chosen``: comparison run name -> {tuned key: value}). Names carry no tuned value."""
+        if self.tune is None:
+            raise ConfigError("comparison_configs: the experiment has no tune table")
+        missing = [n for n in self.tuning_grid() if set(chosen.get(n, {})) != set(self.tune.keys)]
+        if missing:
+            raise ConfigError(f"tune: no chosen {self.tune.keys} for {missing}; the tuning phase chooses them")
+        return self._expand(self.seeds, [k for k in self.sweep if k not in self.tune.keys], chosen)
+
+    def _bases(self) -> list[tuple[str, str, dict]]:
+        """(error prefix, name, sections) of every [[runs]] entry merged over the base, at this size."""
         base = {k: getattr(self, k) for k in _SECTIONS}
         size = self.sizes.get(self.size, {}) if self.size is not None else {}
         base = deep_merge(base, {k: v for k, v in size.items() if k != "runs"})
-        runs = self.runs or [{"name": self.name}]
-        merged_runs = []
-        for i, spec in enumerate(runs):
+        out = []
+        for i, spec in enumerate(self.runs or [{"name": self.name}]):
             extra = set(spec) - {"name", *_SECTIONS}
             if extra:
                 raise ConfigError(f"runs[{i}] ({spec['name']}): unknown key(s) {sorted(extra)}; allowed: name, {', '.join(_SECTIONS)}")
             merged = deep_merge(base, {k: v for k, v in spec.items() if k in _SECTIONS})
-            merged_runs.append((i, spec["name"], deep_merge(merged, size.get("runs", {}).get(spec["name"], {}))))
+            out.append((f"runs[{i}]", spec["name"], deep_merge(merged, size.get("runs", {}).get(spec["name"], {}))))
+        return out
+
+    def _points(self, keys: list[str]) -> list[dict[str, Any]]:
+        return [dict(zip(keys, values)) for values in itertools.product(*(self.sweep[k] for k in keys))]
+
+    def _expand(self, seeds: list[int], keys: list[str], chosen: dict[str, dict[str, Any]] | None = None) -> list[RunConfig]:
+        """Every seed x run x point of ``keys``, validated; a run is named after its point, and takes
+        ``chosen[name]`` on top (values that do not name it)."""
+        labels = key_labels(list(self.sweep))
+        bases, points = self._bases(), self._points(keys)
         # seed-major: every architecture of seed 0 first, so an interrupted study already has complete pairs
-        return [validate_run({"name": name, "seed": seed, **merged}, prefix=f"runs[{i}] ({name})")
-                for seed in self.seeds for i, name, merged in merged_runs]
+        return [_validate_point(sections, sweep_name(name, point, labels), seed,
+                                {**point, **(chosen or {}).get(sweep_name(name, point, labels), {})}, prefix)
+                for seed in seeds for prefix, name, sections in bases for point in points]
+
+
+def _validate_point(sections: dict, name: str, seed: int, values: dict[str, Any], prefix: str) -> RunConfig:
+    """One run at one sweep point; a swept key that matches no field of the run is named as such."""
+    data = {"name": name, "seed": seed, **sections}
+    for key, value in values.items():
+        data = set_key(data, key, value)
+    try:
+        return validate_run(data, prefix=f"{prefix} ({name})")
+    except ConfigError:
+        base = name.split("@")[0]
+        try:  # the run without its sweep values: if valid, it tells whether a swept key exists at all
+            plain = RunConfig.model_validate({"name": base, "seed": seed, **sections})
+        except (ValidationError, ConfigError):
+            plain = None  # invalid apart from the sweep: the error being raised names the key
+        unknown = [k for k in values if plain is not None and not _has_field(plain, k.split("."))]
+        if unknown:
+            raise ConfigError(f"sweep: {unknown[0]!r} matches no config field of {prefix} ({base})") from None
+        raise
+
+
+def _has_field(node, path: list[str]) -> bool:
+    for part in path:
+        if isinstance(node, dict):
+            return True  # a free-form table (domain weights): any key
+        if not isinstance(node, Strict) or part not in type(node).model_fields:
+            return False
+        node = getattr(node, part)
+    return True
+
+
+def flatten_keys(table: dict, prefix: str = "") -> dict[str, Any]:
+    """``train.lr = [...]`` in a TOML table reads as {"train": {"lr": [...]}}: the same as {"train.lr": [...]}."""
+    out = {}
+    for k, v in table.items():
+        key = f"{prefix}.{k}" if prefix else str(k)
+        out.update(flatten_keys(v, key) if isinstance(v, dict) else {key: v})
+    return out
+
+
+def key_labels(keys: list[str]) -> dict[str, str]:
+    """Each swept key's label in run names: its shortest dotted suffix that no other swept key ends with
+    (train.lr -> lr; model.mixer.window -> window), in the order of the sweep."""
+    out = {}
+    for key in keys:
+        parts = key.split(".")
+        for n in range(1, len(parts) + 1):
+            suffix = ".".join(parts[-n:])
+            if not any(o != key and (o == suffix or o.endswith("." + suffix)) for o in keys):
+                out[key] = suffix
+                break
+    return out
+
+
+def value_label(key: str, value) -> str:
+    """A swept value as it appears in run names: booleans true/false, integers as written, floats as Python's
+    shortest round-trip repr (0.003, 1e-06), names as they are."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        return repr(value)
+    if isinstance(value, str) and re.fullmatch(_NAME, value):
+        return value
+    raise ConfigError(f"sweep.{key}: {value!r} cannot name a run; swept values are numbers, booleans or names of "
+                      "letters, digits and _ . + - (sweep tables through [[runs]] entries)")
+
+
+def sweep_name(name: str, point: dict[str, Any], labels: dict[str, str]) -> str:
+    """``name@label=value,...`` over the swept keys of ``point`` in the sweep's order; ``name`` for no point."""
+    parts = [f"{label}={value_label(key, point[key])}" for key, label in labels.items() if key in point]
+    return f"{name}@{','.join(parts)}" if parts else name
+
+
+def set_key(data: dict, key: str, value) -> dict:
+    """``data`` (copied) with the dotted ``key`` set to ``value``."""
+    out = copy.deepcopy(data)
+    node = out
+    for part in key.split(".")[:-1]:
+        if not isinstance(node.setdefault(part, {}), dict):
+            raise ConfigError(f"sweep: {key!r}: {part!r} is not a table")
+        node = node[part]
+    node[key.split(".")[-1]] = value
+    return out
 
 
 def deep_merge(base: dict, over: dict) -> dict:
@@ -264,5 +446,5 @@ def load_experiment(path: str | Path, overrides: list[str] | None = None) -> Exp
         exp = ExperimentConfig.model_validate(data)
     except ValidationError as e:
         raise ConfigError(f"{path}: " + format_validation_error(e)) from None
-    exp.run_configs()  # validate every run now, before any compute
+    exp.run_configs()  # validate every run now, before any compute (a tune experiment: every tuning run)
     return exp
