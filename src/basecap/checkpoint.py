@@ -87,8 +87,9 @@ class SafeLoadPlanner(dcp.DefaultLoadPlanner):
         try:
             obj = torch.load(value, weights_only=True)
         except pickle.UnpicklingError as e:
-            raise CheckpointError(f"checkpoint entry {read_item.dest_index.fqn}: refused ({e}). "
-                                  "Only resume from run directories you trust (docs/security.md)") from None
+            why = next((line.strip() for line in str(e).splitlines() if "WeightsUnpickler error" in line), str(e).splitlines()[0])
+            raise CheckpointError(f"checkpoint entry {read_item.dest_index.fqn}: refused ({why}); a checkpoint written by "
+                                  "basecap never contains this. Only resume from run directories you trust (docs/security.md)") from None
         clean = io.BytesIO()
         torch.save(obj, clean)  # the default planner's torch.load then reads only what we re-wrote
         clean.seek(0)
@@ -128,15 +129,23 @@ def save_checkpoint(ckpt_root: Path, step: int, model: torch.nn.Module, optimize
         try:
             with _single_process_ok():
                 dcp.save({"model": msd, "optim": osd}, checkpoint_id=str(tmp / "state"))
-        except Exception as e:
+        except (Exception, dcp.CheckpointException) as e:  # DCP's own exception is a BaseException
             if env.is_main:
                 shutil.rmtree(tmp, ignore_errors=True)
-            raise CheckpointError(f"checkpoint at step {step} failed: {type(e).__name__}: {e}") from e
+            raise CheckpointError(f"checkpoint at step {step} failed: {_reason(e)}") from None
         full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         error = _on_main(env, step, lambda: _finish_checkpoint(tmp, final, full, {"step": step, "world_size": env.world_size, **extra}, keep))
     if error is not None:
         raise CheckpointError(error)
     return final
+
+
+def _reason(e: BaseException) -> str:
+    """One line for an error, looking through DCP's wrapper of the per-rank failures."""
+    if isinstance(e, dcp.CheckpointException):
+        first = next(iter(e.failures.values()))[0]
+        return str(first) if isinstance(first, CheckpointError) else _reason(first)
+    return f"{type(e).__name__}: {e}"
 
 
 def _on_main(env: DistEnv, step: int, fn) -> str | None:
@@ -217,8 +226,11 @@ def restore(path: Path, model: torch.nn.Module, optimizer) -> dict:
     """Model + optimizer state into a (possibly wrapped / sharded) model; returns trainer.json."""
     msd, osd = get_state_dict(model, optimizer)
     state = {"model": msd, "optim": osd}
-    with _single_process_ok():
-        dcp.load(state, storage_reader=SafeReader(path / "state"), planner=SafeLoadPlanner())
+    try:
+        with _single_process_ok():
+            dcp.load(state, storage_reader=SafeReader(path / "state"), planner=SafeLoadPlanner())
+    except dcp.CheckpointException as e:
+        raise CheckpointError(f"checkpoint {path}: {_reason(e)}") from None
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
     return json.loads((path / "trainer.json").read_text())
 
