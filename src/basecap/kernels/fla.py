@@ -35,6 +35,9 @@ log = logging.getLogger(__name__)
 Tensor = torch.Tensor
 
 FLA_VERSION = "0.6.0"  # the version these mappings were written against
+# Device types the fast path runs on (fla's kernels are Triton kernels for CUDA). The CPU emulation test
+# (tests/test_fla_emulation.py) adds "cpu" while fla's pure-PyTorch references stand in for the kernels.
+KERNEL_DEVICES: tuple[str, ...] = ("cuda",)
 _logged: set[str] = set()
 
 
@@ -62,19 +65,20 @@ def fla_import_error() -> str | None:
 def resolve_impl(name: str, impl: str, x: Tensor) -> str:
     """``"fast"`` or ``"chunked"`` for a mixer whose config says ``impl`` ("fast" or "auto").
 
-    "auto" means fast when ``x`` is on CUDA and fla imports, else the chunked PyTorch form; the
-    decision depends on the device and the installation only (never on the sequence length) and is
-    logged once per process. "fast" where it cannot run is a configuration error."""
+    "auto" means fast when ``x`` is on CUDA (a device type in ``KERNEL_DEVICES``) and fla imports,
+    else the chunked PyTorch form; the decision depends on the device and the installation only (never
+    on the sequence length) and is logged once per process. "fast" where it cannot run is a
+    configuration error."""
     if impl not in ("fast", "auto"):
         return impl
-    if not x.is_cuda:
+    if x.device.type not in KERNEL_DEVICES:
         if impl == "fast":
             raise ConfigError(f"{name}.impl: impl='fast' needs CUDA and flash-linear-attention; use 'chunked' on CPU "
                               f"(got an input on {x.device})")
         return "chunked"
     err = fla_import_error()
     if err is None:
-        _log_once(f"impl={impl!r} on CUDA: linear-recurrent mixers run flash-linear-attention kernels ('fast')")
+        _log_once(f"impl={impl!r} on {x.device.type}: linear-recurrent mixers run flash-linear-attention kernels ('fast')")
         return "fast"
     if impl == "fast":
         raise ConfigError(f"{name}.impl: impl='fast' needs CUDA and flash-linear-attention "
