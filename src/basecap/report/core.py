@@ -264,9 +264,9 @@ def _html(md: str, images: list[Path]) -> str:
 
 
 def report(run_dirs: list[str | Path], out_dir: str | Path, reference: str | None = None, smooth: int = 1,
-           speed_json: str | Path | None = None) -> Path:
+           speed_json: str | Path | None = None, tuning_json: str | Path | None = None) -> Path:
     """Write report.md, report.html (self-contained), summary.json and PNG plots into ``out_dir``;
-    returns the path of report.md."""
+    returns the path of report.md. ``tuning_json``: a tune experiment's choice, shown before the comparison."""
     runs = [load_run(d) for d in run_dirs]
     if not runs:
         raise ValueError("report: no run directories given")
@@ -283,6 +283,10 @@ def report(run_dirs: list[str | Path], out_dir: str | Path, reference: str | Non
         md = head.rstrip() + "\n" + "\n".join(extra) + "\n\n## Figures" + figs
         md += "".join(f"\n![{p.stem}]({p.name})\n" for p in extra_images)
         images += extra_images
+    if tuning_json is not None:
+        from .sweep import add_sweep_section
+
+        md, images = add_sweep_section(md, images, tuning_json, out)
     atomic_write(out / "report.md", md)
     atomic_write(out / "report.html", _html(md, images))
     write_json(out / "summary.json", summary)
