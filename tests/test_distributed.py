@@ -116,3 +116,33 @@ def test_killed_rank_resumes_from_last_checkpoint_even_at_another_world_size(tin
     got = train_losses(run_dir)
     assert len(got) == 60
     assert got == pytest.approx(ref, rel=1e-4)
+
+
+def test_a_checkpoint_failure_on_rank_0_stops_every_rank_with_its_message(tiny_recipe_path, tmp_path):
+    """Rank 0 cannot write the checkpoint (``checkpoints`` is a file); rank 1 does not wait for the
+    collective timeout: both exit at once with rank 0's message."""
+    exp = exp_file(tmp_path, tiny_recipe_path, 4, 2)
+    run_dir = tmp_path / "runs" / "dist-s0"
+    run_dir.mkdir(parents=True)
+    (run_dir / "checkpoints").write_text("not a folder")
+    t0 = time.perf_counter()
+    r = subprocess.run(torchrun(exp, "train.dist_timeout_s=120"), capture_output=True, text=True, timeout=300)
+    assert r.returncode != 0
+    assert time.perf_counter() - t0 < 100, "a rank waited for the collective timeout"
+    msgs = [line for line in r.stderr.splitlines() if line.startswith("error: checkpoint at step 2 failed on rank 0")]
+    assert len(msgs) == 2 and msgs[0] == msgs[1] and "FileExistsError" in msgs[0], r.stderr[-3000:]
+
+
+def test_dist_timeout_bounds_the_wait_for_missing_ranks(tmp_path):
+    """``train.dist_timeout_s`` reaches init_process_group: a rank whose peer never comes gives up after it."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    code = "from basecap.distributed import init_distributed; init_distributed('cpu', 2)"
+    t0 = time.perf_counter()
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0 and "Timed out" in r.stderr, r.stderr[-2000:]
+    assert time.perf_counter() - t0 < 30

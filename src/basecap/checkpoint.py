@@ -193,7 +193,7 @@ def _finish_checkpoint(tmp: Path, final: Path, full: dict, trainer: dict, keep: 
 
 
 def list_checkpoints(ckpt_root: Path) -> list[Path]:
-    if not ckpt_root.exists():
+    if not ckpt_root.is_dir():
         return []
     return sorted(p for p in ckpt_root.iterdir() if p.is_dir() and p.name.startswith("step_"))
 

@@ -115,7 +115,7 @@ def _cmd_train(args):
     main_rank = int(os.environ.get("RANK", "0")) == 0
     quiet = print if main_rank else (lambda *_: None)
     device_type = "cuda" if torch.cuda.is_available() and runs[0].train.device != "cpu" else "cpu"
-    corpus = rank0_first(lambda: prepare_corpus(runs, log=quiet), device_type)
+    corpus = rank0_first(lambda: prepare_corpus(runs, log=quiet), device_type, runs[0].train.dist_timeout_s)
     for rc in runs:
         final = train(rc, exp.output_dir() / rc.run_id, corpus=corpus)
         quiet(f"{rc.run_id}: in-domain loss {final['in_domain_loss']:.4f}; " +
@@ -288,11 +288,25 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+# Errors a user can act on from their message alone: printed as one line (by every rank under torchrun),
+# exit status 2. Named, not imported, so that parsing the command line imports nothing heavy.
+USER_ERRORS = frozenset({
+    "basecap.config_base.ConfigError", "builtins.FileNotFoundError", "basecap.rundir.RunDirBusy",
+    "basecap.checkpoint.CheckpointError", "basecap.train.TrainingDiverged", "basecap.data.source_base.DataError",
+})
+
+
+def _is_user_error(e: BaseException) -> bool:
+    return any(f"{c.__module__}.{c.__qualname__}" in USER_ERRORS for c in type(e).__mro__)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         args.fn(args)
-    except (ConfigError, FileNotFoundError) as e:
+    except Exception as e:
+        if not _is_user_error(e):
+            raise
         print(f"error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
