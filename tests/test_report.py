@@ -1,25 +1,42 @@
 import json
+import zlib
 
 import numpy as np
 import pytest
 
 from basecap.report import load_run, matched_gap, report
+from basecap.report.baselines import run_unigram
 
 
-def fake_run(root, name, seed, offset, weights=None, steps=10, x_shift=0.0):
+def fake_run(root, name, seed, offset, weights=None, steps=10, x_shift=0.0, unigram=None, windows=0, info_extra=None):
+    """A run folder whose in-domain loss falls linearly from 5 to 3 (+ x_shift) and whose code loss is that
+    + offset. ``unigram``: per-domain baseline losses recorded in the evaluations; ``windows``: number of
+    per-window losses recorded (around each loss, seeded by the run)."""
     d = root / f"{name}-s{seed}"
     d.mkdir(parents=True)
     weights = weights or {"prose": 1.0}
     info = {"run_id": f"{name}-s{seed}", "config": {"name": name, "seed": seed, "data": {"train_weights": weights},
-            "model": {"mixer": {"name": name}}}, "params": {"total": 1000, "non_embedding": 800, "embedding": 200}}
+            "model": {"mixer": {"name": name}}}, "params": {"total": 1000, "non_embedding": 800, "embedding": 200},
+            "git_commit": "abc123", "git_dirty": False, **(info_extra or {})}
     (d / "run.json").write_text(json.dumps(info))
+    rng = np.random.default_rng([seed, zlib.crc32(name.encode())])
     lines = []
     for i, x in enumerate(np.linspace(5.0, 3.0, steps) + x_shift):
         lines.append({"kind": "train", "step": i + 1, "loss": float(x)})
         doms = {"prose": {"loss": float(x), "bpb": float(x) / 2}, "code": {"loss": float(x + offset), "bpb": float(x + offset) / 2}}
+        for dom, res in doms.items():
+            if unigram:
+                res["unigram_loss"] = unigram[dom]
+            if windows:
+                noise = rng.normal(0, 0.3, windows)
+                res["window_losses"] = (res["loss"] + noise - noise.mean()).tolist()
         lines.append({"kind": "eval", "step": i + 1, "in_domain_loss": float(x), "domains": doms})
     (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
     return d
+
+
+def comparison(summary, run, domain="code"):
+    return next(c for c in summary["comparisons"] if c["run"] == run and c["domain"] == domain)
 
 
 def test_matched_gap_recovers_known_offset(tmp_path):
@@ -40,35 +57,42 @@ def test_report_writes_files_and_verdicts(tmp_path):
     for f in ("report.md", "report.html", "summary.json", "training_curves.png", "indomain_vs_ood.png"):
         assert (tmp_path / "rep" / f).exists()
     summary = json.loads((tmp_path / "rep" / "summary.json").read_text())
-    assert summary["gaps"]["worse"]["code"]["significant"] is True
-    assert summary["gaps"]["worse"]["code"]["mean_gap"] == pytest.approx(0.405, abs=1e-6)
-    assert summary["gaps"]["same"]["code"]["significant"] is False
-    assert "| worse | ref | code |" in text
+    worse, same = comparison(summary, "worse"), comparison(summary, "same")
+    assert worse["verdict"] == "worse OOD" and worse["reference"] == "ref" and worse["n_seeds"] == 2
+    assert worse["mean_gap"] == pytest.approx(0.405, abs=1e-6) and worse["per_seed"] == pytest.approx([0.40, 0.41])
+    assert worse["p"] == pytest.approx(0.0079, abs=1e-4) and worse["p_holm"] == pytest.approx(2 * worse["p"])
+    assert same["verdict"] == "no detectable difference (CI [-0.254, 0.254])"
+    assert "| worse | ref | code | 2 | 0.405 [" in text and "| worse OOD |" in text
+    assert "significant" not in text and "Holm" in text
     assert "data:image/png;base64" in (tmp_path / "rep" / "report.html").read_text()
 
 
 def test_mixed_control_compares_within_its_own_setting(tmp_path):
     mixed = {"prose": 0.5, "code": 0.5}
-    dirs = [fake_run(tmp_path, "tpp_limited", 0, 1.0), fake_run(tmp_path, "m_limited", 0, 1.3),
-            fake_run(tmp_path, "tpp_mixed", 0, 0.2, mixed), fake_run(tmp_path, "m_mixed", 0, 0.2, mixed)]
+    dirs = [fake_run(tmp_path, "tpp_limited", s, 1.0) for s in (0, 1)]
+    dirs += [fake_run(tmp_path, "m_limited", s, 1.3 + 0.01 * s) for s in (0, 1)]
+    dirs += [fake_run(tmp_path, "tpp_mixed", s, 0.2, mixed) for s in (0, 1)]
+    dirs += [fake_run(tmp_path, "m_mixed", s, 0.2 + 0.01 * s, mixed) for s in (0, 1)]
     # same architecture in both settings: give the mixed runs the reference's model config
-    for d in dirs[2:3]:
+    for d in dirs[4:6]:
         info = json.loads((d / "run.json").read_text())
         info["config"]["model"] = {"mixer": {"name": "tpp_limited"}}
         (d / "run.json").write_text(json.dumps(info))
     report(dirs, tmp_path / "rep", reference="tpp_limited")
-    gaps = json.loads((tmp_path / "rep" / "summary.json").read_text())["gaps"]
-    assert gaps["m_limited"]["code"]["against"] == "tpp_limited"
-    assert gaps["m_mixed"]["code"]["against"] == "tpp_mixed"
-    assert gaps["m_mixed"]["code"]["mean_gap"] == pytest.approx(0.0, abs=1e-9)
-    assert gaps["m_mixed"]["code"]["in_domain_here"] is True
+    summary = json.loads((tmp_path / "rep" / "summary.json").read_text())
+    limited, control = comparison(summary, "m_limited"), comparison(summary, "m_mixed")
+    assert limited["reference"] == "tpp_limited" and control["reference"] == "tpp_mixed"
+    assert control["mean_gap"] == pytest.approx(0.005, abs=1e-9) and control["in_domain_here"] is True
+    assert limited["in_domain_here"] is False
+    # two Holm families of one comparison each: no correction across them
+    assert limited["p_holm"] == pytest.approx(limited["p"]) and control["p_holm"] == pytest.approx(control["p"])
 
 
 def test_bad_metrics_line_is_named(tmp_path):
     d = fake_run(tmp_path, "ref", 0, 1.0)
-    with open(d / "metrics.jsonl", "a") as f:
-        f.write("{oops\n")
-    with pytest.raises(ValueError, match=r"metrics.jsonl:21: not valid JSON"):
+    lines = (d / "metrics.jsonl").read_text().splitlines()
+    (d / "metrics.jsonl").write_text("\n".join(lines[:5] + ["{oops"] + lines[5:]) + "\n")
+    with pytest.raises(ValueError, match=r"metrics.jsonl:6: not valid JSON"):
         load_run(d)
 
 
@@ -97,3 +121,56 @@ def test_suite_results_and_speed_appear_in_the_report(tmp_path):
     assert "## lm-evaluation-harness: lm-eval (zeroshot)" in text and "0.350 ± 0.000" in text
     assert "## Speed against sequence length" in text and "0.050 (0.50x)" in text
     assert (tmp_path / "rep" / "recall_vs_state_mqar.png").exists()
+
+
+def test_summary_json_for_a_program(tmp_path):
+    exp = tmp_path / "study"
+    exp.mkdir()
+    (exp / "experiment.json").write_text(json.dumps({"name": "architectures", "size": "small"}))
+    uni = {"prose": 6.9, "code": 8.6}
+    dirs = [fake_run(exp, n, s, off + 0.01 * s, unigram=uni, windows=64) for n, off in (("ref", 1.0), ("ssm", 1.3)) for s in range(3)]
+    text = report(dirs, tmp_path / "rep", reference="ref").read_text()
+    summary = json.loads((tmp_path / "rep" / "summary.json").read_text())
+    assert (summary["study"], summary["size"], summary["commit"]) == ("architectures", "small", "abc123")
+    ssm = next(r for r in summary["runs"] if r["name"] == "ssm")
+    assert ssm["seeds"] == [0, 1, 2] and ssm["in_domain_loss"] == pytest.approx(3.0)
+    assert ssm["unigram_loss"] == pytest.approx(6.9) and ssm["context_gain"] == pytest.approx(3.9)
+    assert ssm["ood"] == {"code": pytest.approx(4.31)}
+    c = comparison(summary, "ssm")
+    assert {"run", "reference", "domain", "n_seeds", "per_seed", "mean_gap", "ci95", "p", "p_holm", "verdict"} <= set(c)
+    assert c["n_seeds"] == 3 and c["per_seed"] == pytest.approx([0.3, 0.3, 0.3]) and c["verdict"] == "worse OOD"
+    assert c["ci95"] == pytest.approx([0.3, 0.3]) and c["eval_se"] > 0 and c["dominant_noise"] == "evaluation"
+    assert summary["near_unigram"] == [] and "Near unigram" not in text
+    assert "| ssm | 0.00M (0.00M) | 10 | 3.000 ± 0.000 | 3.900 ± 0.000 |" in text
+    assert "| unigram (prose) | - | - | 6.900 | 0 | 6.900 | 8.600 |" in text
+
+
+def test_near_unigram_study_is_marked_above_the_verdicts(tmp_path):
+    dirs = [fake_run(tmp_path, n, s, off, unigram={"prose": 3.5, "code": 5.0}) for n, off in (("ref", 1.0), ("ssm", 1.3)) for s in (0, 1)]
+    text = report(dirs, tmp_path / "rep", reference="ref").read_text()
+    mark = text.index("Near unigram: OOD differences here are not about base capability")
+    assert mark < text.index("## OOD gap against") and "Every run gains less than 1 nat" in text
+    assert json.loads((tmp_path / "rep" / "summary.json").read_text())["near_unigram"] == ["ref", "ssm"]
+    assert "class='warn'" in (tmp_path / "rep" / "report.html").read_text()
+
+
+def test_runs_without_a_baseline_still_report(tmp_path):
+    dirs = [fake_run(tmp_path, n, 0, off) for n, off in (("ref", 1.0), ("ssm", 1.3))]
+    text = report(dirs, tmp_path / "rep", reference="ref").read_text()
+    summary = json.loads((tmp_path / "rep" / "summary.json").read_text())
+    assert [r["unigram_loss"] for r in summary["runs"]] == [None, None] and summary["near_unigram"] == []
+    assert comparison(summary, "ssm")["verdict"] == "too few seeds" and "| ssm | 0.00M (0.00M) | 10 | 3.000 | - |" in text
+
+
+def test_old_runs_get_their_baseline_from_the_corpus(tmp_path, tiny_corpus):
+    from basecap.data.baselines import unigram_losses
+
+    cfg = {"data": {"seq_len": 32}, "eval": {"split": "validation", "max_tokens": 256}}
+    d = fake_run(tmp_path, "ref", 0, 1.0, info_extra={"corpus": {"dir": tiny_corpus.dir.name}})
+    info = json.loads((d / "run.json").read_text())
+    info["config"].update(cfg | {"data": {**cfg["data"], **info["config"]["data"]}})
+    (d / "run.json").write_text(json.dumps(info))
+    assert run_unigram(load_run(d)) == pytest.approx(unigram_losses(tiny_corpus, {"prose": 1.0}, ["prose", "code"], "validation", 32, 256))
+    info["corpus"]["dir"] = "not-built-here"
+    (d / "run.json").write_text(json.dumps(info))
+    assert run_unigram(load_run(d)) is None

@@ -1,12 +1,13 @@
 """The report: training curves, the paper's central figure (in-domain loss vs OOD loss over
-training, one curve per run), a final table of losses and bits per byte, and the OOD gap of every
-run against a reference run *at matched in-domain loss*, paired by seed.
+training, one curve per run), a final table of losses, bits per byte, the unigram baseline and each
+run's context gain, and the OOD gap of every run against a reference run *at matched in-domain loss*,
+paired by seed, with confidence intervals and Holm-corrected verdicts (``report.stats``).
 
-Matched-loss gap: each run's evaluations give points (in-domain loss x, OOD loss y). For a run and
-the reference with the same seed, both curves are interpolated on a common grid of x over the range
-both reached; the gap is the mean of y_run - y_ref over that grid ("mean gap") and its value at the
-lowest in-domain loss both reached ("end gap"). Over seeds we report mean and standard deviation,
-and call a gap significant only when |mean| exceeds the seed spread (and there are >= 2 seeds).
+Matched-loss gap: each run's evaluations give points (in-domain loss x, OOD loss y). For a run and the
+reference with the same seed, both curves (smoothed over ``smooth`` consecutive evaluations) are
+interpolated on a common grid of x over the range both reached. The primary endpoint is the mean gap over
+the lowest 30% of that range (the trained end); the whole-range mean and the end gap are secondary.
+Definitions: docs/metrics.md.
 """
 
 from __future__ import annotations
@@ -20,6 +21,9 @@ from pathlib import Path
 import numpy as np
 
 from ..rundir import RunDir, atomic_write, write_json
+from .baselines import NEAR_UNIGRAM_NATS, run_unigram, unigram_in_domain
+from .stats import SMOOTH, RunCurves, apply_holm, build_comparisons, matched_endpoints
+from .summary import build_summary, study_of
 
 
 @dataclass
@@ -56,32 +60,29 @@ def load_run(run_dir: str | Path) -> Run:
     return run
 
 
-def _curve(run: Run, domain: str, smooth: int = 1) -> tuple[np.ndarray, np.ndarray]:
-    x = np.array([e["in_domain_loss"] for e in run.evals])
-    y = np.array([e["domains"][domain]["loss"] for e in run.evals])
-    if smooth > 1 and len(x) >= smooth:  # moving average over consecutive evaluations
-        k = np.ones(smooth) / smooth
-        x, y = np.convolve(x, k, "valid"), np.convolve(y, k, "valid")
-    return x, y
+def _curve(run: Run, domain: str) -> tuple[np.ndarray, np.ndarray]:
+    """(in-domain loss, ``domain`` loss) at each evaluation, in training order."""
+    return (np.array([e["in_domain_loss"] for e in run.evals]), np.array([e["domains"][domain]["loss"] for e in run.evals]))
 
 
 def matched_gap(run: Run, ref: Run, domain: str, points: int = 50, smooth: int = 1) -> dict | None:
-    """OOD loss of ``run`` minus ``ref`` at matched in-domain loss (see module docstring)."""
-    xr, yr = _curve(run, domain, smooth)
-    xf, yf = _curve(ref, domain, smooth)
-    if len(xr) < 2 or len(xf) < 2:
+    """OOD loss of ``run`` minus ``ref`` at matched in-domain loss (``stats.matched_endpoints``): the primary
+    endpoint, the whole-range mean, the end gap and the matched range; None when there is no gap."""
+    xr, yr = _curve(run, domain)
+    xf, yf = _curve(ref, domain)
+    g = matched_endpoints(xr, yr, xf, yf, smooth=smooth, points=points)
+    if not g.ok:
         return None
-    lo, hi = max(xr.min(), xf.min()), min(xr.max(), xf.max())
-    if not lo < hi:
-        return None
-    grid = np.linspace(lo, hi, points)
-    # in-domain loss falls over training (not always monotonically): interpolate on the x-sorted points
-    def interp(x, y):
-        o = np.argsort(x)
-        return np.interp(grid, x[o], y[o])
+    return {"primary": g.primary, "mean_gap": g.mean_gap, "end_gap": g.end_gap, "matched_range": list(g.matched_range)}
 
-    diff = interp(xr, yr) - interp(xf, yf)
-    return {"mean_gap": float(diff.mean()), "end_gap": float(diff[0]), "matched_range": [float(lo), float(hi)]}
+
+def _curves(run: Run) -> RunCurves:
+    """The run's evaluation curves for ``report.stats``, with the final evaluation's per-window losses."""
+    doms = [d for d in run.domains if all(d in e["domains"] for e in run.evals)]
+    last = run.evals[-1]["domains"] if run.evals else {}
+    return RunCurves(run.name, run.seed, [e["in_domain_loss"] for e in run.evals],
+                     {d: [e["domains"][d]["loss"] for e in run.evals] for d in doms},
+                     {d: last[d]["window_losses"] for d in doms if last[d].get("window_losses") is not None})
 
 
 def _mean_std(vals: list[float]) -> tuple[float, float | None]:
@@ -117,40 +118,59 @@ def _reference_for(run: Run, runs: list[Run], refs: list[Run]) -> Run | None:
     return None
 
 
-def summarize(runs: list[Run], reference: str | None = None, smooth: int = 1) -> dict:
+def summarize(runs: list[Run], reference: str | None = None, smooth: int = SMOOTH) -> dict:
+    """Final losses with the unigram baseline and context gain of every run name (mean, sd over seeds),
+    and the statistics of every comparison against the reference (``report.stats``)."""
     groups: dict[str, list[Run]] = defaultdict(list)
     for r in runs:
         groups[r.name].append(r)
     names = list(groups)
     reference = reference if reference in groups else (names[0] if names else None)
     domains = sorted({d for r in runs for d in r.domains}, key=lambda d: (d not in runs[0].in_domains, d))
-    final = {}
-    for name, rs in groups.items():
-        done = [r for r in rs if r.evals]
-        row = {"seeds": [r.seed for r in done], "params": rs[0].info["params"], "steps": max((r.evals[-1]["step"] for r in done), default=0)}
-        row["in_domain_loss"] = _mean_std([r.evals[-1]["in_domain_loss"] for r in done]) if done else None
-        for d in domains:
-            vals = [r.evals[-1]["domains"][d] for r in done if d in r.evals[-1]["domains"]]
-            if vals:
-                row[d] = {"loss": _mean_std([v["loss"] for v in vals]), "bpb": _mean_std([v["bpb"] for v in vals])}
-        final[name] = row
-    gaps = {}
-    ood = ood_domains(runs)
-    if reference:
-        for name, rs in groups.items():
-            for d in ood:
-                pairs = [(r, ref) for r in rs for ref in [_reference_for(r, runs, groups[reference])] if ref is not None and ref is not r]
-                per_seed = [g for r, ref in pairs for g in [matched_gap(r, ref, d, smooth=smooth)] if g]
-                if not per_seed:
-                    continue
-                m, s = _mean_std([g["mean_gap"] for g in per_seed])
-                em, es = _mean_std([g["end_gap"] for g in per_seed])
-                gaps.setdefault(name, {})[d] = {
-                    "mean_gap": m, "mean_gap_std": s, "end_gap": em, "end_gap_std": es, "n_seeds": len(per_seed),
-                    "significant": bool(s is not None and abs(m) > s), "against": pairs[0][1].name,
-                    "in_domain_here": d in rs[0].in_domains,
-                }
-    return {"reference": reference, "domains": domains, "final": final, "gaps": gaps}
+    final = {name: _final_row(rs, domains) for name, rs in groups.items()}
+    near = [n for n, row in final.items() if row.get("context_gain") and row["context_gain"][0] < NEAR_UNIGRAM_NATS]
+    comps = _comparisons(runs, groups, reference, smooth) if reference else []
+    return {"reference": reference, "domains": domains, "smooth": smooth, "final": final, "comparisons": comps,
+            "near_unigram": near}
+
+
+def _final_row(rs: list[Run], domains: list[str]) -> dict:
+    """Final evaluation of one run name over its seeds: losses and bpb, the unigram baseline on the same
+    windows, and the context gain (unigram in-domain loss - model in-domain loss)."""
+    done = [r for r in rs if r.evals]
+    row = {"seeds": [r.seed for r in done], "params": rs[0].info["params"], "in_domains": rs[0].in_domains,
+           "steps": max((r.evals[-1]["step"] for r in done), default=0)}
+    row["in_domain_loss"] = _mean_std([r.evals[-1]["in_domain_loss"] for r in done]) if done else None
+    for d in domains:
+        vals = [r.evals[-1]["domains"][d] for r in done if d in r.evals[-1]["domains"]]
+        if vals:
+            row[d] = {"loss": _mean_std([v["loss"] for v in vals]), "bpb": _mean_std([v["bpb"] for v in vals])}
+    weights = rs[0].info["config"]["data"]["train_weights"]
+    gains, base = [], None
+    for r in done:
+        uni = run_unigram(r)
+        ui = unigram_in_domain(uni, weights) if uni else None
+        if ui is not None:
+            base = base or {"in_domain": ui, "domains": uni}
+            gains.append(ui - r.evals[-1]["in_domain_loss"])
+    row["unigram"] = base
+    row["context_gain"] = _mean_std(gains) if gains else None
+    return row
+
+
+def _comparisons(runs: list[Run], groups: dict[str, list[Run]], reference: str, smooth: int) -> list[dict]:
+    """Every run against the reference run of its seed and training setting, per OOD domain. Holm corrects
+    within two families: domains held out by the run (the study's questions) and domains the run trained on
+    (the mixed-domain control), so a control does not dilute the held-out tests nor the reverse."""
+    pairs = [(r, ref) for rs in groups.values() for r in rs
+             for ref in [_reference_for(r, runs, groups[reference])] if ref is not None and ref is not r]
+    comps = build_comparisons([(_curves(r), _curves(ref)) for r, ref in pairs], ood_domains(runs), smooth=smooth)
+    for c in comps:
+        c["in_domain_here"] = c["domain"] in groups[c["run"]][0].in_domains
+        c["holm_family"] = "trained-on domains" if c["in_domain_here"] else "held-out domains"
+    for here in (False, True):
+        apply_holm([c for c in comps if c["in_domain_here"] is here])
+    return comps
 
 
 def _plots(runs: list[Run], out: Path, summary: dict) -> list[Path]:
@@ -204,30 +224,86 @@ def _markdown(summary: dict, runs: list[Run]) -> str:
     lines = ["# basecap report", "",
              f"Runs: {', '.join(sorted({r.run_id for r in runs}))}. In-domain: {', '.join(sorted(ind))}; " +
              (f"out-of-distribution: {', '.join(d for d in doms if d not in ind)}." if len(settings) == 1 else
-              "Training domains differ between runs: " + "; ".join(f"{r.name}: {', '.join(r.in_domains)}" for r in runs if r.seed == runs[0].seed) + "."), "",
-             "## Final evaluation (mean ± std over seeds; loss in nats/token, bpb = bits per UTF-8 byte)", ""]
-    head = "| run | params (non-emb) | steps | in-domain loss | " + " | ".join(f"{d}{'' if d in ind else ' (OOD)'} loss / bpb" for d in doms) + " |"
-    lines += [head, "|" + "---|" * (4 + len(doms))]
+              "Training domains differ between runs: " + "; ".join(f"{r.name}: {', '.join(r.in_domains)}" for r in runs if r.seed == runs[0].seed) + "."), ""]
+    lines += _near_unigram_note(summary)
+    lines += _final_table(summary, ind)
+    lines += _comparison_table(summary)
+    lines += ["", "## Figures", "", "![training curves](training_curves.png)", "", "![in-domain vs OOD](indomain_vs_ood.png)", ""]
+    return "\n".join(lines)
+
+
+def _near_unigram_note(summary: dict) -> list[str]:
+    near = summary["near_unigram"]
+    if not near:
+        return []
+    every = len(near) == len([r for r in summary["final"].values() if r.get("context_gain")])
+    gains = ", ".join(f"{n} {summary['final'][n]['context_gain'][0]:.2f}" for n in near)
+    return [f"> **Near unigram: OOD differences here are not about base capability.** "
+            f"{'Every run gains' if every else 'These runs gain'} less than {NEAR_UNIGRAM_NATS:g} nat over the unigram "
+            f"baseline (context gain, nats/token: {gains}): the models use little of their context beyond word "
+            "frequencies, so a difference in OOD loss says little about how they generalise.", ""]
+
+
+def _final_table(summary: dict, ind: set[str]) -> list[str]:
+    doms = summary["domains"]
+    lines = ["## Final evaluation (mean ± std over seeds; loss in nats/token, bpb = bits per UTF-8 byte)", "",
+             "unigram = the training mixture's token frequencies scored on the same windows (a model that ignores "
+             f"its context); context gain = unigram in-domain loss - in-domain loss. A gain under {NEAR_UNIGRAM_NATS:g} nat "
+             "marks a run as near unigram.", ""]
+    head = "| run | params (non-emb) | steps | in-domain loss | context gain | " + \
+        " | ".join(f"{d}{'' if d in ind else ' (OOD)'} loss / bpb" for d in doms) + " |"
+    lines += [head, "|" + "---|" * (5 + len(doms))]
+    baselines = {}
     for name, row in summary["final"].items():
         if row["in_domain_loss"] is None:
             continue
         p = row["params"]
-        cells = [name, f"{p['total'] / 1e6:.2f}M ({p['non_embedding'] / 1e6:.2f}M)", str(row["steps"]), _fmt(*row["in_domain_loss"])]
+        gain = _fmt(*row["context_gain"]) if row["context_gain"] else "-"
+        cells = [name, f"{p['total'] / 1e6:.2f}M ({p['non_embedding'] / 1e6:.2f}M)", str(row["steps"]), _fmt(*row["in_domain_loss"]), gain]
         cells += [f"{_fmt(*row[d]['loss'])} / {_fmt(*row[d]['bpb'])}" if d in row else "-" for d in doms]
         lines.append("| " + " | ".join(cells) + " |")
-    if summary["gaps"]:
-        lines += ["", f"## OOD gap against `{summary['reference']}` at matched in-domain loss", "",
-                  "Positive = worse out of distribution than the reference at the same in-domain loss. "
-                  "Mean over the common in-domain-loss range; end = at the lowest in-domain loss both reached. "
-                  "Significant only when |mean| exceeds the spread over seeds.", "",
-                  "| run | against | domain | mean gap | end gap | seeds | verdict |", "|---|---|---|---|---|---|---|"]
-        for name, per in summary["gaps"].items():
-            for d, g in per.items():
-                verdict = ("significant" if g["significant"] else "within seed spread") if g["n_seeds"] > 1 else "1 seed: no spread"
-                dom = f"{d} (in-domain for this run)" if g["in_domain_here"] else d
-                lines.append(f"| {name} | {g['against']} | {dom} | {_fmt(g['mean_gap'], g['mean_gap_std'])} | {_fmt(g['end_gap'], g['end_gap_std'])} | {g['n_seeds']} | {verdict} |")
-    lines += ["", "## Figures", "", "![training curves](training_curves.png)", "", "![in-domain vs OOD](indomain_vs_ood.png)", ""]
-    return "\n".join(lines)
+        if row["unigram"]:
+            baselines.setdefault(", ".join(row["in_domains"]), row["unigram"])
+    for setting, base in baselines.items():
+        cells = [f"unigram ({setting})", "-", "-", f"{base['in_domain']:.3f}", "0"]
+        cells += [f"{base['domains'][d]:.3f}" if d in base["domains"] else "-" for d in doms]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def _comparison_table(summary: dict) -> list[str]:
+    comps = summary["comparisons"]
+    if not comps:
+        return []
+    lines = ["", f"## OOD gap against `{summary['reference']}` at matched in-domain loss", "",
+             "Positive = worse out of distribution than the reference at the same in-domain loss, paired by seed. "
+             f"Curves are smoothed over {summary['smooth']} evaluations. Primary gap = mean gap over the lowest 30% of the "
+             "common in-domain-loss range (the trained end), with its 95% confidence interval over seeds (Student t) and "
+             "the paired t-test's p; p (Holm) corrects across the comparisons of this report (held-out domains and the "
+             "domains a run trained on are two families). Verdicts come from the Holm-corrected test only (alpha 0.05). "
+             "Whole-range mean and end gap (at the lowest in-domain loss both reached) are secondary. Seed sd = spread of the "
+             "per-seed gaps; eval SE = bootstrap standard error of the final evaluation's difference over evaluation "
+             "windows; noise = the larger of the two. Definitions: docs/metrics.md.", "",
+             "| run | against | domain | seeds | primary gap [95% CI] | p | p (Holm) | whole-range mean | end gap | seed sd | eval SE | noise | verdict |",
+             "|" + "---|" * 13]
+    for c in comps:
+        dom = f"{c['domain']} (in-domain for this run)" if c["in_domain_here"] else c["domain"]
+        ci = f" [{c['ci95'][0]:.3f}, {c['ci95'][1]:.3f}]" if c["ci95"] else ""
+        cells = [c["run"], c["reference"], dom, str(c["n_seeds"]), _num(c["mean_gap"]) + ci, _num(c["p"], 4),
+                 _num(c["p_holm"], 4), _num(c["secondary_mean_gap"]), _num(c["end_gap"]), _num(c["sd"]),
+                 _num(c["eval_se"], 4), c["dominant_noise"] or "-", c["verdict"]]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def _num(v: float | None, p: int = 3) -> str:
+    return "-" if v is None else f"{v:.{p}f}"
+
+
+def _bold(text: str) -> str:
+    """Markdown **bold** as HTML."""
+    parts = text.split("**")
+    return "".join(f"<strong>{p}</strong>" if i % 2 else p for i, p in enumerate(parts))
 
 
 def _html(md: str, images: list[Path]) -> str:
@@ -252,6 +328,8 @@ def _html(md: str, images: list[Path]) -> str:
         if line.startswith("#"):
             level = len(line) - len(line.lstrip("#"))
             body.append(f"<h{level}>{line.lstrip('#').strip()}</h{level}>")
+        elif line.startswith("> "):
+            body.append(f"<p class='warn'>{_bold(line[2:])}</p>")
         elif line.strip():
             body.append(f"<p>{line}</p>")
     if in_table:
@@ -259,11 +337,13 @@ def _html(md: str, images: list[Path]) -> str:
     for img in images:
         data = base64.b64encode(img.read_bytes()).decode()
         body.append(f'<p><img alt="{img.stem}" src="data:image/png;base64,{data}"></p>')
-    style = "body{font-family:sans-serif;max-width:1100px;margin:2em auto}table{border-collapse:collapse}td,th{border:1px solid #bbb;padding:3px 8px;font-size:13px}img{max-width:100%}"
+    style = ("body{font-family:sans-serif;max-width:1100px;margin:2em auto}table{border-collapse:collapse}"
+             "td,th{border:1px solid #bbb;padding:3px 8px;font-size:13px}img{max-width:100%}"
+             ".warn{border-left:5px solid #c0392b;background:#fdecea;padding:6px 10px}")
     return f"<!doctype html><html><head><meta charset='utf-8'><title>basecap report</title><style>{style}</style></head><body>{''.join(body)}</body></html>"
 
 
-def report(run_dirs: list[str | Path], out_dir: str | Path, reference: str | None = None, smooth: int = 1,
+def report(run_dirs: list[str | Path], out_dir: str | Path, reference: str | None = None, smooth: int = SMOOTH,
            speed_json: str | Path | None = None, tuning_json: str | Path | None = None) -> Path:
     """Write report.md, report.html (self-contained), summary.json and PNG plots into ``out_dir``;
     returns the path of report.md. ``tuning_json``: a tune experiment's choice, shown before the comparison."""
@@ -289,5 +369,5 @@ def report(run_dirs: list[str | Path], out_dir: str | Path, reference: str | Non
         md, images = add_sweep_section(md, images, tuning_json, out)
     atomic_write(out / "report.md", md)
     atomic_write(out / "report.html", _html(md, images))
-    write_json(out / "summary.json", summary)
+    write_json(out / "summary.json", build_summary(summary, runs, *study_of([r.dir for r in runs])), allow_nan=False)
     return out / "report.md"
