@@ -263,13 +263,13 @@ class ExperimentConfig(Strict):
                 for _, base, _ in self._bases() for point in self._points(fixed)}
 
     def comparison_configs(self, chosen: dict[str, dict[str, Any]]) -> list[RunConfig]:
-        """A tune experiment's comparison: every run (x point of the swept keys it does not tune) x seed, at its
-        chosen values (``chosen``: comparison run name -> {tuned key: value}). Names carry no tuned value."""
+        """A tune experiment's comparison runs named in ``chosen`` (comparison run name -> {tuned key: value}),
+        each seed at its chosen values; a name carries no tuned value (``tuning_grid`` lists the names)."""
         if self.tune is None:
             raise ConfigError("comparison_configs: the experiment has no tune table")
-        missing = [n for n in self.tuning_grid() if set(chosen.get(n, {})) != set(self.tune.keys)]
-        if missing:
-            raise ConfigError(f"tune: no chosen {self.tune.keys} for {missing}; the tuning phase chooses them")
+        bad = [n for n in chosen if n not in self.tuning_grid() or set(chosen[n]) != set(self.tune.keys)]
+        if bad:
+            raise ConfigError(f"tune: {bad} are not runs of the tuning grid with a value of every key of {self.tune.keys}")
         return self._expand(self.seeds, [k for k in self.sweep if k not in self.tune.keys], chosen)
 
     def _bases(self) -> list[tuple[str, str, dict]]:
@@ -290,14 +290,14 @@ class ExperimentConfig(Strict):
         return [dict(zip(keys, values)) for values in itertools.product(*(self.sweep[k] for k in keys))]
 
     def _expand(self, seeds: list[int], keys: list[str], chosen: dict[str, dict[str, Any]] | None = None) -> list[RunConfig]:
-        """Every seed x run x point of ``keys``, validated; a run is named after its point, and takes
-        ``chosen[name]`` on top (values that do not name it)."""
+        """Every seed x run x point of ``keys``, validated, named after its point; with ``chosen``, only the
+        names it holds, each with its chosen values on top (values that do not name the run)."""
         labels = key_labels(list(self.sweep))
-        bases, points = self._bases(), self._points(keys)
+        named = [(prefix, sweep_name(name, point, labels), sections, point)
+                 for prefix, name, sections in self._bases() for point in self._points(keys)]
         # seed-major: every architecture of seed 0 first, so an interrupted study already has complete pairs
-        return [_validate_point(sections, sweep_name(name, point, labels), seed,
-                                {**point, **(chosen or {}).get(sweep_name(name, point, labels), {})}, prefix)
-                for seed in seeds for prefix, name, sections in bases for point in points]
+        return [_validate_point(sections, name, seed, {**point, **(chosen or {}).get(name, {})}, prefix)
+                for seed in seeds for prefix, name, sections, point in named if chosen is None or name in chosen]
 
 
 def _validate_point(sections: dict, name: str, seed: int, values: dict[str, Any], prefix: str) -> RunConfig:

@@ -1,9 +1,11 @@
-"""Run a declarative experiment end to end: build the corpus if needed, train every run (finished
-runs are skipped, interrupted ones resume), evaluate each on the test split, write the report."""
+"""Run a declarative experiment end to end: build the corpus if needed, tune (a tune experiment: each run's
+values chosen on tuning seeds, basecap.sweep), train every run (finished runs are skipped, interrupted ones
+resume), evaluate each on the test split, write the report."""
 
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 
@@ -23,7 +25,8 @@ def suite_options(spec: dict) -> dict:
 
 def resolve_experiment(path: str | Path, overrides: list[str] | None = None) -> tuple[ExperimentConfig, list[RunConfig]]:
     """An experiment file read, validated and resolved: its suites' options checked and every run
-    parameter-matched, all before any compute."""
+    parameter-matched, all before any compute. For a tune experiment the runs are its tuning runs
+    (``compared_runs`` turns them into the comparison)."""
     from .eval.suites import check_suite_options
     from .tracking import check_loggers
 
@@ -56,6 +59,68 @@ def prepare_corpus(runs: list[RunConfig], log=print):
         except ConfigError as e:
             raise ConfigError(f"{rc.name}: {e}") from None
     return build_corpus(recipe, log=log)
+
+
+def selected_names(names: list[str], only: list[str] | None) -> list[str]:
+    """The names in ``only``: a run's name, or the [[runs]] name a sweep point carries before ``@``."""
+    if not only:
+        return names
+    known = set(names) | {n.split("@")[0] for n in names}
+    bad = [o for o in only if o not in known]
+    if bad:
+        raise ConfigError(f"--run: unknown run(s) {bad}; the experiment has: {', '.join(sorted(known))}")
+    return [n for n in names if n in only or n.split("@")[0] in only]
+
+
+def select_runs(runs: list[RunConfig], only: list[str] | None) -> list[RunConfig]:
+    keep = set(selected_names(list(dict.fromkeys(r.name for r in runs)), only))
+    return [r for r in runs if r.name in keep]
+
+
+def compared_runs(exp: ExperimentConfig, runs: list[RunConfig], train_fn, only: list[str] | None = None, log=print) -> list[RunConfig]:
+    """The runs to compare, of those named in ``only``. A tune experiment's ``runs`` are its tuning runs:
+    they are trained first (``train_fn(rc, run_dir)``; tuning.json written by the main rank), then the
+    comparison runs are resolved at each run's chosen values."""
+    if exp.tune is None:
+        return select_runs(runs, only)
+    from .sweep import check_trained_at_choice, tune
+
+    out = exp.output_dir()
+    names = selected_names(list(exp.tuning_grid()), only)
+    chosen = tune(exp, runs, out, train_fn, only=names, log=log, write=int(os.environ.get("RANK", "0")) == 0)
+    compared = exp.resolve(exp.comparison_configs(chosen))
+    check_trained_at_choice(out, compared, exp.tune.keys)
+    return compared
+
+
+def report_reference(exp: ExperimentConfig, runs: list[RunConfig]) -> str | None:
+    """The report's reference run: the one named, else (a sweep) the first point of the named run."""
+    names = [r.name for r in runs]
+    if exp.reference is None or exp.reference in names:
+        return exp.reference
+    return next((n for n in names if n.split("@")[0] == exp.reference), exp.reference)
+
+
+def train_experiment(path: str | Path, overrides: list[str] | None = None, only: list[str] | None = None,
+                     log=print) -> list[tuple[RunConfig, dict]]:
+    """``basecap train``: train the runs of an experiment (or those in ``only``) without evaluating or
+    reporting; a tune experiment tunes first, exactly as ``run_experiment`` does. Under torchrun only rank 0
+    logs. Returns (run, final evaluation record) per compared run."""
+    import torch
+
+    from .distributed import rank0_first
+    from .train import train
+
+    exp, runs = resolve_experiment(path, overrides)
+    if int(os.environ.get("RANK", "0")) != 0:
+        log = lambda *_: None
+    device_type = "cuda" if torch.cuda.is_available() and runs[0].train.device != "cpu" else "cpu"
+    corpus = rank0_first(lambda: prepare_corpus(runs, log=log), device_type)
+
+    def train_fn(rc, run_dir):
+        return train(rc, run_dir, corpus=corpus, log=log)
+
+    return [(rc, train_fn(rc, exp.output_dir() / rc.run_id)) for rc in compared_runs(exp, runs, train_fn, only, log=log)]
 
 
 def speed_spec(mixer) -> str:
@@ -107,6 +172,7 @@ def run_experiment(path: str | Path, overrides: list[str] | None = None, log=pri
     """Returns the path of the report (report.md)."""
     from .eval.final import evaluate_run
     from .report import report
+    from .sweep import TUNING_FILE
     from .train import train
 
     t0 = time.perf_counter()
@@ -115,6 +181,7 @@ def run_experiment(path: str | Path, overrides: list[str] | None = None, log=pri
     out = exp.output_dir()
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / "experiment.json", json.loads(exp.model_dump_json()))
+    runs = compared_runs(exp, runs, lambda rc, run_dir: train(rc, run_dir, corpus=corpus, log=log), log=log)
     for i, rc in enumerate(runs, 1):
         log(f"== run {i}/{len(runs)}: {rc.run_id}")
         rd = RunDir(out / rc.run_id)
@@ -133,7 +200,9 @@ def run_experiment(path: str | Path, overrides: list[str] | None = None, log=pri
             log(f"== speed: {', '.join(names)}")
             bench_mixers(["--mixers", *names, "--lengths", *map(str, exp.speed.lengths), "--contexts", *map(str, exp.speed.contexts),
                           "--reps", str(exp.speed.reps), "--out", str(speed_json.parent)])
-    rep = report([out / rc.run_id for rc in runs], out / "report", reference=exp.reference, speed_json=speed_json)
+    tuning_json = out / TUNING_FILE if exp.tune is not None else None
+    rep = report([out / rc.run_id for rc in runs], out / "report", reference=report_reference(exp, runs), speed_json=speed_json,
+                 tuning_json=tuning_json)
     log((rep.read_text().split("## Figures")[0]).rstrip())
     log(f"\nexperiment {exp.name}: {len(runs)} run(s) in {time.perf_counter() - t0:.0f} s")
     log(f"report: {rep.parent / 'report.html'} (and report.md)")

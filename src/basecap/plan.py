@@ -169,15 +169,41 @@ def _suggest(model, rc: RunConfig, gpus: int, parallel: str, capacity: float) ->
 
 def plan_experiment(path: str | Path, overrides: list[str] | None = None, gpus: int = 8, gpu: str = "H100-80GB",
                     mfu: float = 0.4, parallel: str | None = None) -> list[dict]:
-    """One row per run of the experiment (seeds share a row; ``seeds`` counts them)."""
+    """One row per run of the experiment (seeds share a row; ``seeds`` counts them). A tune experiment has
+    two phases, each row tagged with its ``phase``: the tuning runs (every value on the tuning seeds), then
+    the comparison runs, sized at the first value of the tuning grid until the tuning has chosen."""
     exp = load_experiment(path, overrides)
-    rows: dict[str, dict] = {}
-    for rc in exp.resolve():
-        if rc.name in rows:
-            rows[rc.name]["seeds"] += 1
+    if exp.tune is None:
+        phases = [(None, exp.resolve())]
+    else:
+        first = {name: points[0][0] for name, points in exp.tuning_grid().items()}
+        phases = [("tuning", exp.resolve()), ("comparison", exp.resolve(exp.comparison_configs(first)))]
+    out = []
+    for phase, runs in phases:
+        rows: dict[str, dict] = {}
+        for rc in runs:
+            if rc.name in rows:
+                rows[rc.name]["seeds"] += 1
+                continue
+            rows[rc.name] = plan_run(rc, gpus=gpus, gpu=gpu, mfu=mfu, parallel=parallel)
+            if phase is not None:
+                rows[rc.name]["phase"] = phase
+        out += rows.values()
+    if exp.tune is not None:
+        _note_tuned_costs(exp, out)
+    return out
+
+
+def _note_tuned_costs(exp, rows: list[dict]):
+    """A comparison row is sized at the grid's first value; say so where the tuned values change the cost."""
+    by_name = {r["run"]: r for r in rows if r["phase"] == "tuning"}
+    for r in rows:
+        if r["phase"] != "comparison":
             continue
-        rows[rc.name] = plan_run(rc, gpus=gpus, gpu=gpu, mfu=mfu, parallel=parallel)
-    return list(rows.values())
+        tried = [by_name[name] for _, name in exp.tuning_grid()[r["run"]]]
+        if len({(t["total_train_flops"], round(t["memory_gib"]["total"], 3)) for t in tried}) > 1:
+            r["issues"].append("sized at the first tuned value; the chosen one may differ in time and memory "
+                               "(see its tuning rows)")
 
 
 def _n(x: float, unit: str = "") -> str:
@@ -193,33 +219,46 @@ def _duration(hours: float) -> str:
     return f"{hours * 60:.0f} min" if hours < 1 else f"{hours:.1f} h" if hours < 48 else f"{hours / 24:.1f} d"
 
 
+def _phase_line(phase: str, rows: list[dict]) -> str:
+    """A tune experiment's phase: its trainings (runs x seeds), tokens and time."""
+    runs = sum(r["seeds"] for r in rows)
+    tokens = sum(r["total_tokens"] * r["seeds"] for r in rows)
+    hours = sum(r["est_hours"] * r["seeds"] for r in rows)
+    what = "every value on the tuning seeds" if phase == "tuning" else "every run at its chosen values on the comparison seeds"
+    return f"-- {phase} phase ({what}): {runs} trainings, {_n(tokens)} tokens, {_duration(hours)}"
+
+
 def format_plan(rows: list[dict], as_json: bool = False) -> str:
     if as_json:
         return json.dumps(rows, indent=1)
     if not rows:
         return "no runs"
     r0 = rows[0]
-    head = (f"{'run':<20}{'mixer':<15}{'params':>8}{'non-emb':>9}{'fwd/tok':>9}{'train/tok':>10}{'tok/step':>9}"
-            f"{'tokens':>8}{'ubatch':>7}{'mem/GPU':>9}{'fits':>6}{'time':>9}")
-    lines = [f"plan: {r0['gpus']} x {r0['gpu']} ({r0['peak_tflops']:.0f} bf16 TFLOP/s peak, MFU {r0['mfu']:.2f}), "
-             f"{r0['parallel'].upper()}; FLOPs per token at each run's seq_len, training = 3 x forward", "", head]
-    total_h = 0.0
+    w = max(20, *(len(f"{r['run']} x{r['seeds']}") + 1 for r in rows))  # sweep points name their runs at length
+    head = (f"{'run':<{w}}{'mixer':<15}{'params':>8}{'non-emb':>9}{'fwd/tok':>9}{'train/tok':>10}{'tok/step':>9}"
+            f"{'tokens':>8}{'ubatch':>7}{'mem/GPU':>9}{'fits':>6}{'time':>10}")
+    lines = [(f"plan: {r0['gpus']} x {r0['gpu']} ({r0['peak_tflops']:.0f} bf16 TFLOP/s peak, MFU {r0['mfu']:.2f}), "
+             f"{r0['parallel'].upper()}; FLOPs per token at each run's seq_len, training = 3 x forward"), "", head]
+    total_h, phase = 0.0, None
     for r in rows:
+        if r.get("phase") != phase:
+            phase = r["phase"]
+            lines.append(_phase_line(phase, [x for x in rows if x.get("phase") == phase]))
         m = r["memory_gib"]
         total_h += r["est_hours"] * r["seeds"]
         seeds = f" x{r['seeds']}" if r["seeds"] > 1 else ""
-        lines.append(f"{(r['run'] + seeds)[:19]:<20}{r['mixer'][:14]:<15}{_n(r['params_total']):>8}{_n(r['params_non_embedding']):>9}"
+        lines.append(f"{r['run'] + seeds:<{w}}{r['mixer'][:14]:<15}{_n(r['params_total']):>8}{_n(r['params_non_embedding']):>9}"
                      f"{_n(r['fwd_flops_per_token']):>9}{_n(r['train_flops_per_token']):>10}{_n(r['tokens_per_step']):>9}"
                      f"{_n(r['total_tokens']):>8}{r['micro_batch_per_gpu']:>7.3g}{m['total']:>7.1f}Gi{'yes' if r['fits'] else 'NO':>6}"
-                     f"{_duration(r['est_hours']):>9}")
+                     f"{_duration(r['est_hours']):>10}")
     lines += ["", "memory per GPU (GiB) = model states + comm buffers + activations (one micro-batch, bf16) + reserve:"]
     for r in rows:
         m = r["memory_gib"]
-        lines.append(f"  {r['run']:<20}{m['model_states']:>7.1f} + {m['comm_buffers']:.1f} + {m['activations']:.1f} + {m['reserve']:.1f}"
+        lines.append(f"  {r['run']:<{w}}{m['model_states']:>7.1f} + {m['comm_buffers']:.1f} + {m['activations']:.1f} + {m['reserve']:.1f}"
                      f" = {m['total']:.1f} of {r['gpu_mem_gib']:.0f}   (vocab {r['vocab_size']} from {r['vocab_source']})")
     problems = [(r["run"], i) for r in rows for i in r["issues"]]
     if problems:
         lines += ["", "issues:"] + [f"  {run}: {msg}" for run, msg in problems]
-    lines += ["", f"total: {_duration(total_h)} on {r0['gpus']} GPUs ({total_h * r0['gpus']:.3g} GPU-hours), all runs and seeds, "
-              "evaluation not included"]
+    lines += ["", (f"total: {_duration(total_h)} on {r0['gpus']} GPUs ({total_h * r0['gpus']:.3g} GPU-hours), all runs and seeds, "
+              "evaluation not included")]
     return "\n".join(lines)
