@@ -138,3 +138,24 @@ def test_bad_arguments_fail_with_a_clear_message(tmp_path, tiny_recipe_path):
         plan_experiment(path, gpus=0)
     with pytest.raises(ConfigError, match="mfu"):
         plan_experiment(path, mfu=1.5)
+
+
+def test_sweep_points_and_both_tune_phases_are_counted(tmp_path, tiny_recipe_path):
+    sweep = TINY.format(recipe=tiny_recipe_path) + "[sweep]\ntrain.lr = [1e-3, 2e-3]\n"
+    rows = plan_experiment(_write(tmp_path, sweep), gpus=1)
+    assert [r["run"] for r in rows] == ["tpp@lr=0.001", "tpp@lr=0.002", "dn@lr=0.001", "dn@lr=0.002"]
+    assert all(r["seeds"] == 2 and "phase" not in r for r in rows)
+    rows = plan_experiment(_write(tmp_path, sweep + '[tune]\nkeys = ["train.lr"]\nseeds = [100]\n'), gpus=1)
+    tuning, comparison = [r for r in rows if r["phase"] == "tuning"], [r for r in rows if r["phase"] == "comparison"]
+    assert [r["run"] for r in tuning] == ["tpp@lr=0.001", "tpp@lr=0.002", "dn@lr=0.001", "dn@lr=0.002"]
+    assert all(r["seeds"] == 1 for r in tuning) and [(r["run"], r["seeds"]) for r in comparison] == [("tpp", 2), ("dn", 2)]
+    per_run = 16 * 64 * 100
+    assert sum(r["total_tokens"] * r["seeds"] for r in tuning) == sum(r["total_tokens"] * r["seeds"] for r in comparison) == 4 * per_run
+    text = format_plan(rows)
+    assert "-- tuning phase (every value on the tuning seeds): 4 trainings, 410k tokens" in text
+    assert "-- comparison phase (every run at its chosen values on the comparison seeds): 4 trainings, 410k tokens" in text
+    assert "tpp@lr=0.001 " in text and "tpp x2" in text and not any(r["issues"] for r in rows)
+    # a tuned key that changes the model: the comparison is sized at the first value, and says so
+    deep = sweep.replace("train.lr = [1e-3, 2e-3]", "model.n_layers = [1, 2]") + '[tune]\nkeys = ["model.n_layers"]\nseeds = [100]\n'
+    rows = plan_experiment(_write(tmp_path, deep), gpus=1)
+    assert all(any("sized at the first tuned value" in i for i in r["issues"]) for r in rows if r["phase"] == "comparison")
