@@ -13,15 +13,17 @@ from .ood import DomainEvaluator, in_domain_loss
 
 def load_trained(run_dir: str | Path, corpus=None, log=print):
     """(model, RunConfig, corpus, checkpoint) from a run directory's newest good checkpoint. The config
-    in run.json is the resolved one, so the model is built from it as it stands."""
-    from ..data import build_corpus, load_recipe
+    in run.json is the resolved one, so the model is built from it as it stands. Without ``corpus``, the
+    one run.json records is opened from the data home; nothing is built or fetched (docs/security.md)."""
+    from ..data.home import run_corpus
 
     rd = RunDir(run_dir)
-    cfg = RunConfig.model_validate(rd.read_info()["config"])
+    info = rd.read_info()
+    cfg = RunConfig.model_validate(info["config"])
     ckpt = latest_good_checkpoint(rd.checkpoints, log=log)
     if ckpt is None:
         raise FileNotFoundError(f"{rd.path}: no usable checkpoint")
-    corpus = corpus or build_corpus(load_recipe(cfg.data.recipe), log=log)
+    corpus = corpus or run_corpus(info)
     model = build_model(cfg.model, corpus.vocab_size)
     load_weights(ckpt, model)
     model.eval()
