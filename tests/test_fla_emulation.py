@@ -117,7 +117,7 @@ def chunk_delta_rule(q, k, v, beta, scale=None, initial_state=None, output_final
     assert len(beta.shape) == 3, "beta must be of shape (batch size, num of head, seq len)."
     _check_common(kwargs, cu_seqlens)
     assert kwargs.pop("chunk_size", 64) in (16, 32, 64)
-    B, T, H, K = k.shape
+    B, _, H, K = k.shape
     _check_layout(k, v, beta, heads_from=q)
     _check_state(initial_state, B, H, K, v.shape[-1])
     scale = K**-0.5 if scale is None else scale
@@ -141,7 +141,7 @@ def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, out
     assert kwargs.pop("chunk_size", 64) in (16, 32, 64)
     if allow_neg_eigval and not use_beta_sigmoid_in_kernel:
         raise ValueError("`allow_neg_eigval=True` requires `use_beta_sigmoid_in_kernel=True`.")
-    B, T, H, K = k.shape
+    B, _, H, K = k.shape
     assert v.shape[2] == H, "grouped value heads are not emulated"
     _check_layout(k, v, g, beta, heads_from=q)
     if initial_state is not None and state_v_first:
@@ -168,7 +168,7 @@ def chunk_rwkv6(r, k, v, w, u, scale=None, initial_state=None, output_final_stat
     """``fla.ops.rwkv6.chunk_rwkv6``: w is the log decay, u the bonus ``[H, K]``, default scale K^-1/2."""
     _check_common(kwargs, cu_seqlens)
     kwargs.pop("chunk_size", None)
-    B, T, H, K = k.shape
+    B, _, H, K = k.shape
     _check_layout(k, v, w, heads_from=r)
     assert tuple(u.shape) == (H, K)
     _check_state(initial_state, B, H, K, v.shape[-1])
@@ -196,7 +196,7 @@ def chunk_rwkv7(r, w, k, v, a, b, scale=1.0, initial_state=None, output_final_st
         assert bool((w >= lower_bound).all()) and bool((w < 0).all()), "lower_bound <= w < 0 broken"
     if safe_gate:
         assert bool((w >= -5).all()), "safe_gate: w outside [-5, 0)"
-    B, T, H, K = k.shape
+    B, _, H, K = k.shape
     _check_layout(w, k, v, a, b, heads_from=r)
     _check_state(initial_state, B, H, K, v.shape[-1])
     scale = K**-0.5 if scale is None else scale
@@ -269,7 +269,8 @@ def _real_signature(relpath: str, func: str) -> list[tuple]:
     pos = a.posonlyargs + a.args
     defaults = [empty] * (len(pos) - len(a.defaults)) + [ast.literal_eval(d) for d in a.defaults]
     params = [(p.arg, "positional", d) for p, d in zip(pos, defaults)]
-    params += [(p.arg, "keyword", empty if d is None else ast.literal_eval(d)) for p, d in zip(a.kwonlyargs, a.kw_defaults)]
+    params += [(p.arg, "keyword", empty if d is None else ast.literal_eval(d))
+               for p, d in zip(a.kwonlyargs, a.kw_defaults)]
     return params + ([("**" + a.kwarg.arg, "var", empty)] if a.kwarg else [])
 
 
