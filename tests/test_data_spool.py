@@ -141,7 +141,7 @@ def test_interrupted_build_keeps_its_spool_in_work_and_resumes(built, tmp_path, 
     assert sorted(p.name for p in (work / "spool").iterdir()) == ["arxiv.txt", "commoncrawl.txt"]
     assert len(list((work / "units").glob("*.npz"))) == 2
 
-    assert (work / "collected.pkl").is_file()  # the finished collection is committed too
+    assert (work / "collected.npz").is_file() and not list(work.glob("*.pkl"))  # the finished collection is committed too, no pickle
 
     def no_reading(prep):
         raise AssertionError(f"source {prep.id} read again on resume")

@@ -27,7 +27,7 @@ from typing import Callable
 import numpy as np
 
 from ..atomic import write_json
-from .collect import Spool, collect, load_collected, save_collected
+from .collect import COLLECTED, Spool, collect, load_collected, save_collected
 from .corpus import MANIFEST_FORMAT, Corpus
 from .recipe import SPLITS, BPETokenizerConfig, RecipeConfig, load_recipe
 from .source_base import DataError, PreparedSource
@@ -150,7 +150,7 @@ def build_corpus(recipe: RecipeConfig | str, home: str | os.PathLike | None = No
             _build_into(tmp, recipe, prepared, key, log, workers, progress)
         except BaseException:
             work = tmp / "work"
-            if not ((work / "collected.pkl").is_file() or (work / "tokenizer.json").is_file()
+            if not ((work / COLLECTED).is_file() or (work / "tokenizer.json").is_file()
                     or any(work.rglob("*.npz"))):
                 shutil.rmtree(tmp, ignore_errors=True)  # nothing worth resuming
             else:
@@ -230,7 +230,7 @@ def _selection(work: Path, recipe: RecipeConfig, prepared: list[PreparedSource],
                progress: bool | None) -> tuple[dict, Counter, Spool]:
     """Every domain's selected documents, the duplicates removed per domain, and the spool of their texts:
     read from the sources, or reused from an interrupted build that had read them all."""
-    done = work / "collected.pkl"
+    done = work / COLLECTED
     if done.is_file():
         spool = Spool(work / "spool", reuse=True)
         selected, dup = load_collected(done, prepared)

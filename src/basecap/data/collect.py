@@ -9,8 +9,7 @@ build interrupted later does not read every source again.
 from __future__ import annotations
 
 import heapq
-import os
-import pickle
+import json
 import shutil
 import sys
 import time
@@ -18,6 +17,9 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import BinaryIO, NamedTuple
 
+import numpy as np
+
+from ..atomic import atomic_open
 from .recipe import RecipeConfig
 from .source_base import PreparedSource
 from .sources import read_source
@@ -145,21 +147,41 @@ def collect(recipe: RecipeConfig, prepared: list[PreparedSource], log, progress:
     return {d: domain_sel.pop(d).items() for d in list(domain_sel)}, dup  # frees each heap as it goes
 
 
+COLLECTED = "collected.npz"  # in the build's work folder: arrays and JSON, no pickle (allow_pickle=False)
+
+
 def save_collected(path: Path, selected: dict, dup: Counter, prepared: list[PreparedSource]) -> None:
     """Commit the finished collection (selection records, duplicate counts, per-source statistics) next to
-    its spool, so a build interrupted later does not read every source again (hours at SlimPajama scale)."""
-    state = {"selected": selected, "dup": dup,
-             "sources": {p.id: (p.stats, p.unmapped) for p in prepared if p.status == "ok"}}
-    tmp = path.with_suffix(".tmp")
-    with open(tmp, "wb") as f:
-        pickle.dump(state, f, protocol=pickle.HIGHEST_PROTOCOL)
-    os.replace(tmp, path)
+    its spool, so a build interrupted later does not read every source again (hours at SlimPajama scale).
+    Plain arrays: digests [N, 32] uint8, sizes and spool offsets int64, source indices, origins as one
+    NUL-separated UTF-8 byte array; the rest as JSON bytes."""
+    sources = sorted({rec.source for items in selected.values() for _, _, rec in items} | {p.id for p in prepared})
+    index = {sid: i for i, sid in enumerate(sources)}
+    meta = {"domains": list(selected), "sources": sources, "dup": dict(dup),
+            "stats": {p.id: [dict(p.stats), dict(p.unmapped)] for p in prepared if p.status == "ok"}}
+    arrays = {"meta": np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)}
+    for i, items in enumerate(selected.values()):
+        arrays[f"digest{i}"] = np.frombuffer(b"".join(d for d, _, _ in items), dtype=np.uint8).reshape(len(items), 32)
+        arrays[f"bytes{i}"] = np.array([n for _, n, _ in items], dtype=np.int64)
+        arrays[f"offset{i}"] = np.array([rec.offset for _, _, rec in items], dtype=np.int64)
+        arrays[f"source{i}"] = np.array([index[rec.source] for _, _, rec in items], dtype=np.int32)
+        origins = "\0".join(rec.origin for _, _, rec in items).encode("utf-8", "surrogateescape")
+        arrays[f"origin{i}"] = np.frombuffer(origins, dtype=np.uint8)
+    with atomic_open(path) as f:
+        np.savez(f, **arrays)
 
 
 def load_collected(path: Path, prepared: list[PreparedSource]) -> tuple[dict, Counter]:
-    with open(path, "rb") as f:
-        state = pickle.load(f)  # our own work file, written by save_collected
+    with np.load(path, allow_pickle=False) as z:
+        meta = json.loads(z["meta"].tobytes())
+        selected = {}
+        for i, domain in enumerate(meta["domains"]):
+            digests, sizes, offsets, srcs = z[f"digest{i}"], z[f"bytes{i}"], z[f"offset{i}"], z[f"source{i}"]
+            origins = z[f"origin{i}"].tobytes().decode("utf-8", "surrogateescape").split("\0") if len(sizes) else []
+            selected[domain] = [(digests[k].tobytes(), int(sizes[k]), Spooled(int(offsets[k]), meta["sources"][srcs[k]], origins[k]))
+                                for k in range(len(sizes))]
     for p in prepared:
-        if p.id in state["sources"]:
-            p.stats, p.unmapped = state["sources"][p.id]
-    return state["selected"], state["dup"]
+        if p.id in meta["stats"]:
+            stats, unmapped = meta["stats"][p.id]
+            p.stats, p.unmapped = Counter(stats), Counter(unmapped)
+    return selected, Counter(meta["dup"])
