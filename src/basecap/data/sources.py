@@ -1,6 +1,6 @@
-"""Corpus sources: fetch (pip, npm), fingerprint, and stream normalised documents.
+"""Corpus sources: fingerprint, and stream normalised documents.
 
-Columnar sources (parquet, arrow, hf_disk) are read in ``tables.py``.
+Columnar sources (parquet, arrow, hf_disk) are read in ``tables.py``; archives are fetched by ``fetch.py``.
 
 ``prepare_source`` makes a source ready (downloading archives into the data home once) and
 fingerprints its content for the corpus cache key; an optional source whose client or files are
@@ -13,16 +13,14 @@ import gzip
 import hashlib
 import json
 import os
-import shutil
-import subprocess
 import sys
 import tarfile
-import tempfile
 import warnings
 import zipfile
 from pathlib import Path
 from typing import Callable, Iterator
 
+from .fetch import check_sha256, fetch_archive
 from .recipe import (
     FilesSource,
     JsonlSource,
@@ -46,52 +44,6 @@ from .source_base import (
 )
 from .tables import read_table, table_files
 from .text import Doc, decode_utf8, glob_match
-
-
-def _run(cmd: list[str], cwd: str, what: str) -> None:
-    try:
-        proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=900)
-    except FileNotFoundError:
-        raise SourceUnavailable(f"{cmd[0]} not found") from None
-    except subprocess.TimeoutExpired:
-        raise SourceUnavailable(f"{what} timed out") from None
-    if proc.returncode != 0:
-        lines = [ln for ln in (proc.stderr or proc.stdout).strip().splitlines() if ln.strip()]
-        raise SourceUnavailable(f"{what} failed: {lines[-1] if lines else proc.returncode}")
-
-
-def _fetch(kind: str, package: str, version: str, home: Path, log: Callable) -> Path:
-    """Download an archive once into ``<home>/downloads/<kind>/<package>-<version>/``."""
-    folder = home / "downloads" / kind / f"{package.replace('/', '_').lstrip('@')}-{version}"
-    cached = [p for p in folder.glob("*") if not p.name.startswith(".")] if folder.is_dir() else []
-    if len(cached) == 1:
-        return cached[0]
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=".tmp-", dir=folder.parent)
-    try:
-        if kind == "pip":
-            log(f"  downloading {package}=={version} with pip")
-            cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
-                   "--disable-pip-version-check", "-q", "-d", tmp, f"{package}=={version}"]
-        else:
-            if shutil.which("npm") is None:
-                raise SourceUnavailable("npm not found")
-            log(f"  downloading {package}@{version} with npm pack")
-            cmd = ["npm", "pack", f"{package}@{version}", "--pack-destination", tmp,
-                   "--ignore-scripts", "--silent"]
-        _run(cmd, tmp, f"{kind} download of {package} {version}")
-        got = [p for p in Path(tmp).iterdir() if p.is_file()]
-        if len(got) != 1:
-            raise SourceUnavailable(f"expected one archive from {kind}, got {[p.name for p in got]}")
-        try:
-            os.rename(tmp, folder)
-        except OSError:  # another build fetched it meanwhile
-            if not folder.is_dir():
-                raise
-    finally:
-        if os.path.isdir(tmp):
-            shutil.rmtree(tmp, ignore_errors=True)
-    return folder / got[0].name
 
 
 def _walk(src: FilesSource) -> list[tuple[Path, str]]:
@@ -125,13 +77,10 @@ def prepare_source(src, index: int, home: Path, log: Callable = print) -> Prepar
     try:
         if isinstance(src, (PipSdistSource, NpmPackSource)):
             kind = "pip" if isinstance(src, PipSdistSource) else "npm"
-            prep.archive = _fetch(kind, src.package, src.version, home, log)
-            prep.fingerprint = sha256_file(prep.archive)
+            prep.archive = fetch_archive(kind, src.package, src.version, src.sha256, home, log)
+            # checked again on every use, before anything is unpacked (the cache is a plain folder)
+            prep.fingerprint = check_sha256(prep.archive, src.sha256, f"source {sid}")
             prep.origin = f"{kind}: {src.package} {src.version} ({prep.archive.name})"
-            if src.sha256 and src.sha256 != prep.fingerprint:
-                raise DataError(
-                    f"source {sid}: {prep.archive} has sha256 {prep.fingerprint}, recipe expects {src.sha256}"
-                )
         elif isinstance(src, FilesSource):
             found = _walk(src)
             if not found:
