@@ -138,7 +138,9 @@ class SealedRecord(dict):
         return super().__getitem__(key)
 
     def get(self, key, default=None):
-        return self[key] if key in self else default
+        if key == "domains":
+            raise AssertionError("the chooser read the per-domain losses")
+        return super().get(key, default)
 
 
 def test_choice_is_the_lowest_in_domain_validation_loss_and_never_reads_ood(tmp_path):
@@ -244,3 +246,5 @@ def test_tune_then_compare_end_to_end(tiny_recipe_path, tmp_path):
     # basecap train: the same order; the stored choice stands, finished runs are not trained again
     trained = train_experiment(path, only=["abs"], log=lambda *_: None)
     assert [(rc.run_id, rc.train.lr) for rc, _ in trained] == [("abs-s0", 0.01)]
+    with pytest.raises(ConfigError, match=r"unknown run\(s\) \['nope'\]"):
+        train_experiment(path, only=["nope"], log=lambda *_: None)

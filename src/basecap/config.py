@@ -133,8 +133,7 @@ class SpeedConfig(Strict):
 
 
 class TuneConfig(Strict):
-    """Tune, then compare: every run is first trained at each swept value of ``keys`` on ``seeds``; the value
-    with the lowest in-domain validation loss (mean over those seeds) is the one its comparison runs use."""
+    """Tune, then compare: each run's value of ``keys`` is chosen on ``seeds`` (in-domain validation loss)."""
 
     keys: list[str] = Field(min_length=1, description="swept keys ([sweep]) whose value every run chooses for itself")
     seeds: list[int] = Field(min_length=1, description="tuning seeds: never used by the comparison")
@@ -231,7 +230,7 @@ class ExperimentConfig(Strict):
         return Path(self.out_dir or (f"runs/{self.name}" + (f"-{self.size}" if self.size else "")))
 
     def resolve(self, configs: list[RunConfig] | None = None) -> list[RunConfig]:
-        """``configs`` (default: every run of ``run_configs``) resolved for training or planning: parameter-matched."""
+        """``configs`` (default: ``run_configs()``) resolved for training or planning: parameter-matched."""
         return [resolve_config(rc) for rc in (self.run_configs() if configs is None else configs)]
 
     def run_configs(self) -> list[RunConfig]:
@@ -355,10 +354,8 @@ def key_labels(keys: list[str]) -> dict[str, str]:
 def value_label(key: str, value) -> str:
     """A swept value as it appears in run names: booleans true/false, integers as written, floats as Python's
     shortest round-trip repr (0.003, 1e-06), names as they are."""
-    if isinstance(value, bool):
+    if isinstance(value, (bool, int)):
         return str(value).lower()
-    if isinstance(value, int):
-        return str(value)
     if isinstance(value, float):
         return repr(value)
     if isinstance(value, str) and re.fullmatch(_NAME, value):

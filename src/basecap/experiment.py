@@ -112,6 +112,7 @@ def train_experiment(path: str | Path, overrides: list[str] | None = None, only:
     from .train import train
 
     exp, runs = resolve_experiment(path, overrides)
+    selected_names(list(exp.tuning_grid()) if exp.tune else [r.name for r in runs], only)  # unknown names fail before any compute
     if int(os.environ.get("RANK", "0")) != 0:
         log = lambda *_: None
     device_type = "cuda" if torch.cuda.is_available() and runs[0].train.device != "cpu" else "cpu"
