@@ -116,7 +116,7 @@ def train_experiment(path: str | Path, overrides: list[str] | None = None, only:
     if int(os.environ.get("RANK", "0")) != 0:
         log = lambda *_: None
     device_type = "cuda" if torch.cuda.is_available() and runs[0].train.device != "cpu" else "cpu"
-    corpus = rank0_first(lambda: prepare_corpus(runs, log=log), device_type)
+    corpus = rank0_first(lambda: prepare_corpus(runs, log=log), device_type, runs[0].train.dist_timeout_s)
 
     def train_fn(rc, run_dir):
         return train(rc, run_dir, corpus=corpus, log=log)
