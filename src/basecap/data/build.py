@@ -295,6 +295,7 @@ def _source_entries(prepared: list[PreparedSource], selected: dict) -> list[dict
                          duplicates=p.stats["duplicates"], bytes_read=p.stats["bytes_read"],
                          bad_bytes=p.stats["bad_bytes"], docs_with_bad_bytes=p.stats["docs_with_bad_bytes"],
                          malformed=p.stats["malformed"], unreadable_files=p.stats["unreadable_files"],
+                         oversized=p.stats["oversized"],
                          documents_selected=selected_by_source[p.id],
                          bytes_selected=selected_bytes[p.id])
             if p.unmapped:

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import io
 import json
 import os
 import sys
 import tarfile
 import warnings
 import zipfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -44,6 +46,42 @@ from .source_base import (
 )
 from .tables import read_table, table_files
 from .text import Doc, decode_utf8, glob_match
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Caps on decompressed bytes: a document past one is skipped (warned, counted as ``oversized``) and
+    the build goes on; a zstd frame past its cap ends the file's reading. They bound what a small
+    crafted file can expand to (a 64 KiB zstd piece can hold 2 GiB of zeros)."""
+
+    member_bytes: int = 256 << 20  # one archive member or file, and a nested .gz after decompression
+    line_bytes: int = 256 << 20  # one jsonl line
+    frame_bytes: int = 8 << 30  # one zstd frame
+    zstd_piece: int = 1024  # compressed bytes per decompress call: at most ~32 MiB out (a 128 KiB block fits in 4 bytes)
+
+
+LIMITS = Limits()
+
+
+class TooLarge(ValueError):
+    pass
+
+
+def _read_capped(f, cap: int, what: str) -> bytes:
+    data = f.read(cap + 1)
+    if len(data) > cap:
+        raise TooLarge(f"{what} decompresses to more than {cap:,} bytes")
+    return data
+
+
+def _gunzip(raw: bytes, what: str) -> bytes:
+    with gzip.GzipFile(fileobj=io.BytesIO(raw)) as g:
+        return _read_capped(g, LIMITS.member_bytes, what)
+
+
+def _oversized(prep: PreparedSource, where: str, err: TooLarge) -> None:
+    prep.stats["oversized"] += 1
+    warnings.warn(f"{where}: skipped, {err}", MalformedRecordWarning, stacklevel=3)
 
 
 def _walk(src: FilesSource) -> list[tuple[Path, str]]:
@@ -146,15 +184,21 @@ def _archive_members(path: Path) -> Iterator[tuple[str, Callable[[], bytes]]]:
     Archive order is fixed for a given archive, and reading forward keeps a compressed tar
     stream from being decompressed again for every backward seek.
     """
+    cap = LIMITS.member_bytes
+
+    def read_zip(zf, name):
+        with zf.open(name) as f:
+            return _read_capped(f, cap, f"{path.name}:{name}")
+
     if path.name.endswith(".zip"):
         with zipfile.ZipFile(path) as zf:
             for name in (n for n in zf.namelist() if not n.endswith("/")):
-                yield name.split("/", 1)[-1], (lambda n=name: zf.read(n))
+                yield name.split("/", 1)[-1], (lambda n=name: read_zip(zf, n))
         return
     with tarfile.open(path, "r|*") as tf:
         for m in tf:
             if m.isfile():
-                yield m.name.split("/", 1)[-1], (lambda m=m: tf.extractfile(m).read())
+                yield m.name.split("/", 1)[-1], (lambda m=m: _read_capped(tf.extractfile(m), cap, f"{path.name}:{m.name}"))
 
 
 def _chunks(path: Path, size: int = 1 << 20) -> Iterator[bytes]:
@@ -165,27 +209,49 @@ def _chunks(path: Path, size: int = 1 << 20) -> Iterator[bytes]:
     in pieces of ``size / 16`` so a piece's output stays near ``size`` at ordinary text ratios.
     """
     if path.name.endswith(".zst"):
-        import zstandard
-
-        dctx = zstandard.ZstdDecompressor()
-        with open(path, "rb") as f:
-            dobj, fed = dctx.decompressobj(), False
-            for chunk in iter(lambda: f.read(max(size // 16, 1)), b""):
-                while chunk:
-                    fed = True
-                    out = dobj.decompress(chunk)
-                    if out:
-                        yield out
-                    if dobj.eof:
-                        chunk, dobj, fed = dobj.unused_data, dctx.decompressobj(), False
-                    else:
-                        chunk = b""
-            if fed and not dobj.eof:
-                raise EOFError("compressed data ends in the middle of a frame")
+        yield from _zstd_chunks(path, size)
         return
     opener = gzip.open if path.name.endswith(".gz") else open
     with opener(path, "rb") as f:
         yield from iter(lambda: f.read(size), b"")
+
+
+def _zstd_chunks(path: Path, size: int) -> Iterator[bytes]:
+    """Decompressed pieces of about ``size / 16`` bytes of a .zst file, frame after frame. Compressed input is
+    fed ``LIMITS.zstd_piece`` bytes at a time, so one call's output stays bounded whatever the input; a
+    frame past ``LIMITS.frame_bytes`` raises TooLarge."""
+    import zstandard
+
+    dctx, piece, cap = zstandard.ZstdDecompressor(), LIMITS.zstd_piece, LIMITS.frame_bytes
+    out, held = [], 0
+    with open(path, "rb") as f:
+        dobj, fed, frame = dctx.decompressobj(), False, 0
+        for block in iter(lambda: f.read(max(size // 16, piece)), b""):
+            for i in range(0, len(block), piece):
+                chunk = block[i:i + piece]
+                while chunk:
+                    fed = True
+                    got = dobj.decompress(chunk)
+                    frame += len(got)
+                    if frame > cap:
+                        raise TooLarge(f"a zstd frame decompresses to more than {cap:,} bytes")
+                    if got:
+                        out.append(got)
+                        held += len(got)
+                    if dobj.eof:  # a frame's text goes out before the next frame is read
+                        chunk, dobj, fed, frame = dobj.unused_data, dctx.decompressobj(), False, 0
+                        if out:
+                            yield b"".join(out)
+                            out, held = [], 0
+                    else:
+                        chunk = b""
+                if held >= size // 16:  # small pieces out: a join of `size` bytes would double the memory held
+                    yield b"".join(out)
+                    out, held = [], 0
+        if out:
+            yield b"".join(out)
+        if fed and not dobj.eof:
+            raise EOFError("compressed data ends in the middle of a frame")
 
 
 def _lines(prep: PreparedSource, path: Path) -> Iterator[tuple[int, bytes]]:
@@ -194,21 +260,32 @@ def _lines(prep: PreparedSource, path: Path) -> Iterator[tuple[int, bytes]]:
 
     import zstandard
 
-    lineno, pending = 0, []
+    cap = LIMITS.line_bytes
+    lineno, pending, held, skipping = 0, [], 0, False  # skipping: the rest of a line past the cap
     try:
         for chunk in _chunks(path):
             start = 0
             while (end := chunk.find(b"\n", start)) >= 0:
                 pending.append(chunk[start:end])
-                line, pending, start = b"".join(pending), [], end + 1
+                line, pending, held, start = b"".join(pending), [], 0, end + 1
                 lineno += 1
-                if line.strip():
+                if len(line) > cap and not skipping:
+                    _oversized(prep, f"{path}:{lineno}", TooLarge(f"a line longer than {cap:,} bytes"))
+                elif line.strip() and not skipping:
                     yield lineno, line
-            if start < len(chunk):
+                skipping = False
+            if start < len(chunk) and not skipping:
                 pending.append(chunk[start:])
+                held += len(chunk) - start
+                if held > cap:
+                    _oversized(prep, f"{path}:{lineno + 1}", TooLarge(f"a line longer than {cap:,} bytes"))
+                    pending, held, skipping = [], 0, True
         line = b"".join(pending)
-        if line.strip():
+        if line.strip() and not skipping:
             yield lineno + 1, line
+    except TooLarge as e:
+        _oversized(prep, f"{path}:{lineno + 1}", e)
+        prep.stats["unreadable_files"] += 1
     except (OSError, EOFError, zlib.error, zstandard.ZstdError) as e:
         _unreadable(prep, path, lineno + 1, e)
 
@@ -261,10 +338,15 @@ def read_source(prep: PreparedSource) -> Iterator[Doc]:
         roots = expand_root(src.root)
         for path in prep.files:
             prep.stats["files"] += 1
-            raw = path.read_bytes()
-            if path.name.endswith(".gz"):
-                raw = gzip.decompress(raw)
             origin = next((path.relative_to(r).as_posix() for r in roots if path.is_relative_to(r)), str(path))
+            try:
+                with open(path, "rb") as f:
+                    raw = _read_capped(f, LIMITS.member_bytes, str(path))
+                if path.name.endswith(".gz"):
+                    raw = _gunzip(raw, str(path))
+            except TooLarge as e:
+                _oversized(prep, str(path), e)
+                continue
             doc = _from_member(prep, raw, origin)
             if doc is not None:
                 yield doc
@@ -273,9 +355,13 @@ def read_source(prep: PreparedSource) -> Iterator[Doc]:
             if not glob_match(name, src.include) or glob_match(name, src.exclude):
                 continue
             prep.stats["files"] += 1
-            raw = read()
-            if name.endswith(".gz"):
-                raw = gzip.decompress(raw)
+            try:
+                raw = read()
+                if name.endswith(".gz"):
+                    raw = _gunzip(raw, f"{prep.archive.name}:{name}")
+            except TooLarge as e:
+                _oversized(prep, f"{prep.archive.name}:{name}", e)
+                continue
             doc = _from_member(prep, raw, name)
             if doc is not None:
                 yield doc
