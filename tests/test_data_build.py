@@ -325,3 +325,24 @@ def test_tokenizer_from_file_and_wide_vocab(tiny, tmp_path):
     raw["tokenizer"] = {"path": str(tmp_path / "noeot.json")}
     with pytest.raises(ConfigError, match="has no token"):
         build_corpus(recipe_from_dict(raw), home=tmp_path / "home", log=_quiet)
+
+
+def test_data_verify_checks_every_shard_against_its_manifest(tiny_corpus, tiny_recipe_path, tmp_path, capsys):
+    import shutil
+
+    from basecap.cli import main
+
+    assert main(["data", "verify", str(tiny_corpus.dir)]) == 0
+    assert main(["data", "verify", str(tiny_recipe_path)]) == 0  # the recipe's built corpus, found, not built
+    assert "every shard matches" in capsys.readouterr().out
+    copy = tmp_path / tiny_corpus.dir.name
+    shutil.copytree(tiny_corpus.dir, copy)
+    shard = copy / tiny_corpus.manifest["domains"]["prose"]["splits"]["train"]["file"]
+    data = bytearray(shard.read_bytes())
+    data[10] ^= 1
+    shard.write_bytes(bytes(data))
+    (copy / tiny_corpus.manifest["domains"]["code"]["splits"]["test"]["file"]).write_bytes(b"12")
+    assert main(["data", "verify", str(copy)]) == 2
+    err = capsys.readouterr().err
+    assert "prose.train.bin: SHA-256" in err and "code.test.bin: 2 bytes, the manifest records" in err
+    assert main(["data", "verify", str(tmp_path / "nope.toml")]) == 2

@@ -70,56 +70,47 @@ def _experiment_args(sp) -> None:
 
 
 def _cmd_data(args):
-    """Build a corpus from a recipe: real text per domain, de-duplicated, split by document hash,
-    tokenised. Cached in $BASECAP_HOME; a second build with the same inputs does nothing."""
+    """build: a corpus from a recipe: real text per domain, de-duplicated, split by document hash,
+    tokenised. Cached in $BASECAP_HOME; a second build with the same inputs does nothing.
+    verify: check a built corpus's token shards and tokenizer against the sizes and SHA-256 hashes its
+    manifest records (a corpus folder, or a recipe's newest built corpus; nothing is built)."""
     from .data import build_corpus, load_recipe, summarize
 
-    if args.action != "build":
-        raise ConfigError(f"unknown data action {args.action!r}; allowed: build")
+    if args.action == "verify":
+        from .data.home import corpus_for_verify, verify_corpus
+
+        corpus = corpus_for_verify(args.recipe)
+        problems = verify_corpus(corpus)
+        if problems:
+            raise ConfigError(f"corpus {corpus.dir} fails verification:\n  " + "\n  ".join(problems))
+        print(f"corpus {corpus.dir}: every shard matches its manifest")
+        return
     corpus = build_corpus(load_recipe(args.recipe), workers=args.workers, progress=False if args.no_progress else None)
     print(summarize(corpus))
     print(f"corpus: {corpus.dir}")
 
 
 def _add_data(sub) -> None:
-    d = _command(sub, "data", _cmd_data, "build a corpus (domains, splits, tokenizer, token shards) into the data home")
-    d.add_argument("action", choices=["build"], help="what to do")
-    d.add_argument("recipe", nargs="?", default="default", help="built-in recipe name or path to a recipe TOML (default: default)")
+    d = _command(sub, "data", _cmd_data, "build a corpus into the data home, or verify a built one")
+    d.add_argument("action", choices=["build", "verify"], help="what to do")
+    d.add_argument("recipe", nargs="?", default="default",
+                   help="built-in recipe name or path to a recipe TOML (default: default); verify also takes a corpus folder")
     d.add_argument("--workers", type=int, default=None, help="tokenisation worker processes (default: the CPU count)")
     d.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
-def _selected(exp, only):
-    runs = exp.resolve()
-    if only:
-        names = {r.name for r in runs}
-        bad = [o for o in only if o not in names]
-        if bad:
-            raise ConfigError(f"--run: unknown run(s) {bad}; the experiment has: {', '.join(sorted(names))}")
-        runs = [r for r in runs if r.name in only]
-    return runs
-
-
 def _cmd_train(args):
-    """Train every run of an experiment, or only those named with --run. Finished runs are skipped; an
-    interrupted run resumes from its last good checkpoint and continues with the same loss sequence."""
-    import torch
+    """Train every run of an experiment, or only those named with --run (a run's full name, or its base name
+    for every sweep point of it). A tune experiment tunes first and trains the comparison at the chosen values.
+    Finished runs are skipped; an interrupted run resumes from its last good checkpoint and continues with the
+    same loss sequence."""
+    from .experiment import train_experiment
 
-    from .config import load_experiment
-    from .distributed import rank0_first
-    from .experiment import prepare_corpus
-    from .train import train
-
-    exp = load_experiment(args.experiment, args.set)
-    runs = _selected(exp, args.run)
     main_rank = int(os.environ.get("RANK", "0")) == 0
-    quiet = print if main_rank else (lambda *_: None)
-    device_type = "cuda" if torch.cuda.is_available() and runs[0].train.device != "cpu" else "cpu"
-    corpus = rank0_first(lambda: prepare_corpus(runs, log=quiet), device_type, runs[0].train.dist_timeout_s)
-    for rc in runs:
-        final = train(rc, exp.output_dir() / rc.run_id, corpus=corpus)
-        quiet(f"{rc.run_id}: in-domain loss {final['in_domain_loss']:.4f}; " +
-              ", ".join(f"{d} {v['loss']:.3f} ({v['bpb']:.3f} bpb)" for d, v in final["domains"].items()))
+    for rc, final in train_experiment(args.experiment, args.set, args.run):
+        if main_rank:
+            print(f"{rc.run_id}: in-domain loss {final['in_domain_loss']:.4f}; " +
+                  ", ".join(f"{d} {v['loss']:.3f} ({v['bpb']:.3f} bpb)" for d, v in final["domains"].items()))
 
 
 def _add_train(sub) -> None:
