@@ -3,7 +3,7 @@ comparison over seeds (Student t interval, t-test, Holm correction across the re
 noise of one run (a bootstrap over evaluation windows), and the ``comparisons`` list of summary.json.
 
 Plain inputs only (arrays, :class:`RunCurves`), so this module depends on nothing else in the package.
-The definitions are explained in docs/statistics.md.
+The definitions are explained in docs/metrics.md.
 """
 
 from __future__ import annotations
