@@ -62,3 +62,57 @@ def test_hybrid_layer_override():
     assert m.blocks[1].mixer.cfg.window == 4 and m.blocks[0].mixer.cfg.window == 0
     with pytest.raises(ValueError, match="outside"):
         tiny(layer_mixers={5: {"name": "attention"}})
+
+
+def _loss_and_grads(m, idx, targets, **kw):
+    m.zero_grad(set_to_none=True)
+    loss = m.loss(idx, targets, **kw)
+    loss.sum().backward()
+    return loss.detach(), {n: p.grad.clone() for n, p in m.named_parameters()}
+
+
+def _rel(a, b):
+    assert torch.isfinite(a).all() and torch.isfinite(b).all()
+    return float((a - b).norm() / b.norm().clamp_min(1e-30))
+
+
+@pytest.mark.parametrize("tie", [False, True])
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_chunked_head_loss_and_every_gradient_equal_the_plain_head(tie, reduction, monkeypatch):
+    import basecap.ops.linear_ce as linear_ce
+
+    monkeypatch.setattr(linear_ce, "CHUNK_LOGITS", 7 * 50)  # 7 tokens per chunk: several chunks and a partial one
+    idx = torch.randint(0, 50, (3, 20))
+    targets = torch.randint(0, 50, (3, 20))
+    targets[0, :5] = -100  # ignored positions
+    out = {}
+    for impl in ("plain", "chunked", "auto"):
+        out[impl] = _loss_and_grads(tiny(tie_embeddings=tie, head_impl=impl), idx, targets, reduction=reduction)
+    ref_loss, ref_grads = out["plain"]
+    assert ref_loss.shape == (() if reduction != "none" else (3, 20))
+    for impl in ("chunked", "auto"):  # auto is chunked on CPU
+        loss, grads = out[impl]
+        assert _rel(loss, ref_loss) < 1e-5
+        assert grads.keys() == ref_grads.keys()
+        for name, g in grads.items():
+            assert _rel(g, ref_grads[name]) < 1e-5, name
+    if tie:
+        assert "head.weight" not in ref_grads  # one shared tensor, both uses in its gradient
+
+
+def test_forward_with_targets_returns_the_state_and_matches_logits():
+    m = tiny({"name": "attention", "head_dim": 8, "position": "absolute"})
+    idx = torch.randint(0, 50, (2, 12))
+    targets = torch.randint(0, 50, (2, 12))
+    logits, _ = m(idx)
+    with torch.no_grad():
+        per_token, _ = m(idx, targets=targets, reduction="none")
+        want = torch.nn.functional.cross_entropy(logits.transpose(1, 2), targets, reduction="none")
+        assert _rel(per_token, want) < 1e-5
+        state = m.init_state(2)
+        _, state = m(idx[:, :5], state)
+        loss, state = m(idx[:, 5:], state, targets=targets[:, 5:], reduction="sum")
+        assert state["pos"] == 12
+        assert float(loss) == pytest.approx(float(want[:, 5:].sum()), rel=1e-5)
+    with pytest.raises(ValueError, match="reduction"):
+        m(idx, targets=targets, reduction="max")

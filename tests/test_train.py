@@ -126,3 +126,17 @@ def test_unknown_domain_fails_before_compute(tiny_corpus, tiny_recipe_path, tmp_
     with pytest.raises(ConfigError, match=r"unknown domain\(s\) \['poetry'\]; the corpus has: "):
         train(cfg, tmp_path / "r", corpus=tiny_corpus, log=lambda *_: None)
     assert not (tmp_path / "r" / "checkpoints").exists()
+
+
+def test_chunked_head_trains_like_the_plain_head(tiny_corpus, tiny_recipe_path, tmp_path, monkeypatch):
+    import basecap.ops.linear_ce as linear_ce
+
+    monkeypatch.setattr(linear_ce, "CHUNK_LOGITS", 16 * tiny_corpus.vocab_size)  # 16 tokens per chunk: 8 chunks a step
+    base = run_cfg(tiny_recipe_path, steps=4, checkpoint_every=100)
+    per_impl = {}
+    for impl in ("plain", "chunked"):
+        cfg = base.model_copy(update={"model": base.model.model_copy(update={"head_impl": impl})})
+        train(cfg, tmp_path / impl, corpus=tiny_corpus, log=lambda *_: None)
+        per_impl[impl] = losses(tmp_path / impl)[0]
+    assert len(per_impl["plain"]) == 4
+    assert per_impl["chunked"] == pytest.approx(per_impl["plain"], rel=1e-4)

@@ -11,11 +11,11 @@ import math
 from typing import Any, Literal
 
 import torch
-import torch.nn.functional as F
 from pydantic import Field, field_validator, model_validator
 from torch import nn
 
 from .config_base import Strict
+from .kernels.linear_ce import lm_head_loss
 from .mixers import MixerConfig, build_mixer, mlp_class, parse_mixer_config, parse_mlp_config
 from .mixers.attention import AttentionConfig
 from .presets import PRESETS
@@ -39,6 +39,10 @@ class ModelConfig(Strict):
     mlp: Any = None  # default: the mixer's own default (SwiGLU for most)
     layer_mixers: dict[int, Any] = Field(default_factory=dict, description="per-layer mixer overrides (hybrids)")
     tie_embeddings: bool = False
+    head_impl: Literal["plain", "chunked", "fast", "auto"] = Field(
+        "auto", description="the LM head's loss: 'chunked' never materialises the [tokens, vocab] logits (gradients folded "
+                            "chunk by chunk), 'fast' is fla's fused kernel (CUDA training loss), 'auto' the fast one where "
+                            "it runs and chunked elsewhere, 'plain' the whole logits and F.cross_entropy (the reference)")
     norm_eps: float = Field(1e-5, gt=0)
     init_std: float = Field(0.02, gt=0)
 
@@ -122,9 +126,20 @@ class LM(nn.Module):
                 s = std / math.sqrt(2 * self.cfg.n_layers) if name.endswith(("o_proj", "out_proj", "down")) else std
                 nn.init.normal_(mod.weight, 0.0, s)
 
-    def forward(self, idx: torch.Tensor, state=None):
-        """idx [B, T] -> logits [B, T, V]; with ``state`` (from ``init_state``) returns the new one."""
-        B, T = idx.shape
+    def forward(self, idx: torch.Tensor, state=None, *, targets: torch.Tensor | None = None, reduction: str = "mean",
+                ignore_index: int = -100):
+        """idx [B, T] -> (logits [B, T, V], new state). With ``targets`` [B, T] -> (loss, new state): the
+        cross-entropy through the head of ``cfg.head_impl`` (by default the logits never exist whole), a
+        scalar for ``reduction`` "mean" (over non-ignored targets) or "sum", fp32 per-token losses [B, T]
+        for "none". The new state is None unless ``state`` (from ``init_state``) is given."""
+        x, new_state = self.features(idx, state)
+        if targets is None:
+            return self.head(x), new_state
+        return self.head_loss(x, targets, reduction=reduction, ignore_index=ignore_index), new_state
+
+    def features(self, idx: torch.Tensor, state=None):
+        """The normalised last hidden states [B, T, D] the head reads, and the new state (None without one)."""
+        T = idx.shape[1]
         x = self.embed(idx)
         if self.abs_pos is not None:
             offset = 0 if state is None else state["pos"]
@@ -135,10 +150,12 @@ class LM(nn.Module):
         for i, blk in enumerate(self.blocks):
             x, s = blk(x, None if state is None else state["layers"][i])
             new_layers.append(s)
-        logits = self.head(self.norm(x))
-        if state is None:
-            return logits, None
-        return logits, {"layers": new_layers, "pos": state["pos"] + T}
+        x = self.norm(x)
+        return x, (None if state is None else {"layers": new_layers, "pos": state["pos"] + T})
+
+    def head_loss(self, x: torch.Tensor, targets: torch.Tensor, *, reduction: str = "mean", ignore_index: int = -100) -> torch.Tensor:
+        """Cross-entropy of the head over hidden states ``x`` [..., D] (from :meth:`features`) against ``targets`` [...]."""
+        return lm_head_loss(x, self.head.weight, targets, impl=self.cfg.head_impl, ignore_index=ignore_index, reduction=reduction)
 
     def init_state(self, batch: int, device="cpu", dtype=torch.float32):
         return {
@@ -146,9 +163,9 @@ class LM(nn.Module):
             "pos": 0,
         }
 
-    def loss(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        logits, _ = self(idx)
-        return F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1))
+    def loss(self, idx: torch.Tensor, targets: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
+        """Next-token cross-entropy of ``idx`` [B, T] against ``targets`` [B, T] (see :meth:`forward`)."""
+        return self(idx, targets=targets, reduction=reduction)[0]
 
     @torch.no_grad()
     def generate(self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 0.0, stop: set[int] | None = None) -> torch.Tensor:

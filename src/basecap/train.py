@@ -212,9 +212,10 @@ def _step(run: _Run, step: int) -> tuple[float, float, torch.Tensor]:
 
 
 def _loss(model, x, y):
-    """Cross-entropy through the (possibly DDP/FSDP-wrapped) model's forward, so wrappers see the call."""
-    logits, _ = model(x)
-    return torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), y.flatten())
+    """Mean cross-entropy through the (possibly DDP/FSDP-wrapped) model's forward, so wrappers see the call;
+    the model's head computes it without materialising the logits (``model.head_impl``)."""
+    loss, _ = model(x, targets=y)
+    return loss
 
 
 def _record_step(run: _Run, done: int, loss: float, lr: float, gnorm, tokens_per_s: float):

@@ -20,8 +20,7 @@ from .common import median_time
 def _step(model, opt, idx, autocast):
     def run():
         with autocast() if autocast else nullcontext():
-            logits, _ = model(idx[:, :-1])
-        loss = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), idx[:, 1:].flatten())
+            loss, _ = model(idx[:, :-1], targets=idx[:, 1:])
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)

@@ -15,7 +15,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from ..data.synthetic import fill_prompt, niah_parts, noise_sentences, passkey_parts
 from .recall import answer_contained
@@ -146,8 +145,7 @@ def position_losses(model, windows: torch.Tensor, batch_size: int = 4) -> torch.
     total = torch.zeros(windows.shape[1] - 1, dtype=torch.float64)
     for s in range(0, len(windows), batch_size):
         w = windows[s:s + batch_size].to(dev)
-        logits, _ = model(w[:, :-1])
-        loss = F.cross_entropy(logits.float().transpose(1, 2), w[:, 1:], reduction="none")  # [B, T]
+        loss, _ = model(w[:, :-1], targets=w[:, 1:], reduction="none")  # [B, T]
         total += loss.sum(0).double().cpu()
     model.train(was_training)
     return total / len(windows)

@@ -21,7 +21,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from ..data.synthetic import IGNORE, extraction_example, mqar, mqar_mixture
 
@@ -118,8 +117,7 @@ def train_mqar(mixer_cfg: dict, d_model: int = 64, n_layers: int = 2, steps: int
             g["lr"] = lr * f
         x = inputs[step * batch_size:(step + 1) * batch_size].to(device)
         y = targets[step * batch_size:(step + 1) * batch_size].to(device)
-        logits, _ = model(x)
-        loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), ignore_index=IGNORE)
+        loss, _ = model(x, targets=y, ignore_index=IGNORE)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from transformers import GenerationMixin, PretrainedConfig, PreTrainedModel
 from transformers.utils import ModelOutput
 
@@ -174,8 +173,10 @@ class BasecapForCausalLM(PreTrainedModel, GenerationMixin):
                 return_dict: bool | None = None, position_ids: torch.LongTensor | None = None,
                 inputs_embeds: torch.Tensor | None = None, output_hidden_states: bool | None = None,
                 output_attentions: bool | None = None, **kwargs):
-        """``labels`` are the input ids (shifted here, -100 ignored) as in every HF causal LM.
-        ``use_cache`` defaults to False outside ``generate`` (a plain scoring forward keeps no state)."""
+        """``labels`` are the input ids (shifted here, -100 ignored) as in every HF causal LM; their loss goes
+        through the model's head loss (``head_impl``), and in training mode with labels ``logits`` is None
+        (only the loss is computed). ``use_cache`` defaults to False outside ``generate`` (a plain scoring
+        forward keeps no state)."""
         if input_ids is None or inputs_embeds is not None:
             raise ValueError("basecap models take input_ids (inputs_embeds is not supported)")
         if output_hidden_states or output_attentions:
@@ -196,16 +197,17 @@ class BasecapForCausalLM(PreTrainedModel, GenerationMixin):
 
         if caching:
             state = cache.state if cache is not None else self.model.init_state(B, input_ids.device, self.dtype)
-            logits, state = self.model(input_ids, state)
+            hidden, state = self.model.features(input_ids, state)
             new_cache = BasecapCache(state)
         else:
-            logits, _ = self.model(input_ids)
+            hidden, _ = self.model.features(input_ids)
             new_cache = None
 
         loss = None
-        if labels is not None:
-            loss = F.cross_entropy(logits[:, :-1].float().reshape(-1, logits.size(-1)), labels[:, 1:].reshape(-1).to(logits.device),
-                                   ignore_index=-100)
+        if labels is not None:  # the model's head loss: the logits are never materialised for it
+            loss = self.model.head_loss(hidden[:, :-1], labels[:, 1:].to(hidden.device), ignore_index=-100)
+        # a training step with labels needs only the loss, so its [B, T, V] logits are skipped
+        logits = None if labels is not None and self.training else self.model.head(hidden)
         if return_dict is False:
             return tuple(v for v in (loss, logits, new_cache) if v is not None)
         return BasecapCausalLMOutput(loss=loss, logits=logits, **{CACHE_NAME: new_cache})
