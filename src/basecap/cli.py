@@ -23,6 +23,7 @@ BENCHES = {
     "selection": "Top-1 selection attention against causal SDPA at long context",
     "data": "tokenisation MB/s (1 and N workers) and loader batches/s against the planned 110m step time",
     "throughput": "whole-model training tokens/s and peak memory against sequence length (GPU table)",
+    "head": "LM head + cross-entropy alone: plain (whole logits) against chunked (and fla on CUDA), time and peak memory",
 }
 
 EPILOG = """examples:

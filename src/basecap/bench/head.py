@@ -11,9 +11,8 @@ For every (tokens N, width D, vocab V): forward+backward wall and process CPU ti
 warm-up; the variants alternate within each round so drift hits both alike; the fastest run is kept
 too: on a CPU shared with other jobs, a multi-threaded op waits whenever one of its threads is
 descheduled, which costs a form with many ops, like the chunked one, more than its arithmetic) and
-peak memory. Peak
-memory: on CUDA ``max_memory_allocated`` growth; on CPU the resident-set high-water mark growth over one
-forward+backward in a fresh subprocess (high-water mark reset through ``/proc/self/clear_refs``,
+peak memory. Peak memory (``bench/common.py``): on CUDA ``max_memory_allocated`` growth; on CPU the
+resident-set high-water mark growth over one forward+backward in a fresh subprocess (high-water mark reset through ``/proc/self/clear_refs``,
 ``ru_maxrss`` where that is refused; glibc's mmap threshold pinned at 64 KiB so freed tensors leave
 the resident set; a short warm-up first so one-off library buffers are not counted), the method of
 ``bench selection``. It includes the gradients of hidden and weight, which both variants allocate.
@@ -27,10 +26,7 @@ import argparse
 import json
 import os
 import platform
-import resource
 import statistics
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -38,7 +34,7 @@ import torch
 
 from ..kernels.linear_ce import lm_head_loss
 from ..ops.linear_ce import CHUNK_LOGITS, default_chunk_tokens
-from .common import rel_err
+from .common import peak_memory_cuda, peak_rss_growth, pyplot, rel_err, run_probe, sync
 
 VARIANTS = ("plain", "chunked", "fla")
 
@@ -81,11 +77,6 @@ def _check(variant: str, D: int, V: int, device, chunk_tokens: int | None) -> fl
     return max(rel_err(a, b) for a, b in zip(out[1], out[0]))
 
 
-def _sync(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def _time_rounds(steps: dict, device, reps: int, warmup: int) -> dict:
     """Median wall and process CPU seconds of each step; one call of every step per round."""
     for _ in range(warmup):
@@ -94,31 +85,14 @@ def _time_rounds(steps: dict, device, reps: int, warmup: int) -> dict:
     wall, cpu = {k: [] for k in steps}, {k: [] for k in steps}
     for _ in range(reps):
         for k, step in steps.items():
-            _sync(device)
+            sync(device)
             t, c = time.perf_counter(), time.process_time()
             step()
-            _sync(device)
+            sync(device)
             wall[k].append(time.perf_counter() - t)
             cpu[k].append(time.process_time() - c)
     return {k: {"wall_s": statistics.median(wall[k]), "wall_min_s": min(wall[k]), "cpu_s": statistics.median(cpu[k]),
                 "wall_all_s": wall[k]} for k in steps}
-
-
-def _peak_memory_cuda(step, device) -> int:
-    _sync(device)
-    torch.cuda.reset_peak_memory_stats(device)
-    base = torch.cuda.memory_allocated(device)
-    step()
-    _sync(device)
-    return torch.cuda.max_memory_allocated(device) - base
-
-
-def _rss_kb(field: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    raise KeyError(field)
 
 
 def _probe(spec: str):
@@ -127,26 +101,13 @@ def _probe(spec: str):
     torch.set_num_threads(s["threads"])
     cpu = torch.device("cpu")
     _step(s["variant"], min(s["N"], 256), s["D"], s["V"], cpu, s["chunk_tokens"])()  # library buffers, thread pool
-    step = _step(s["variant"], s["N"], s["D"], s["V"], cpu, s["chunk_tokens"])
-    base = _rss_kb("VmRSS")
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        how, before = "VmHWM", None
-    except OSError:
-        how, before = "ru_maxrss", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    step()
-    peak = _rss_kb("VmHWM") if how == "VmHWM" else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    print(json.dumps({"peak_bytes": (peak - base) * 1024, "memory_method": how,
-                      "lower_bound": before is not None and before > base}))
+    res = peak_rss_growth(_step(s["variant"], s["N"], s["D"], s["V"], cpu, s["chunk_tokens"]))
+    print(json.dumps({"peak_bytes": res["peak_bytes"], "memory_method": res["method"], "lower_bound": res["lower_bound"]}))
 
 
 def _peak_memory_cpu(variant: str, N: int, D: int, V: int, args) -> dict:
-    spec = json.dumps({"variant": variant, "N": N, "D": D, "V": V, "threads": args.threads, "chunk_tokens": args.chunk_tokens})
-    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), MALLOC_MMAP_THRESHOLD_="65536")
-    out = subprocess.run([sys.executable, "-m", "basecap.bench.head", "--probe", spec], capture_output=True, text=True,
-                         check=True, env=env)
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    spec = {"variant": variant, "N": N, "D": D, "V": V, "threads": args.threads, "chunk_tokens": args.chunk_tokens}
+    return run_probe("basecap.bench.head", spec, args.threads)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -215,7 +176,7 @@ def main(argv: list[str] | None = None):
                            "chunk_tokens": chunk if v == "chunked" else None}
                     if not args.no_memory:
                         if device.type == "cuda":
-                            row["peak_bytes"] = _peak_memory_cuda(_step(v, N, D, V, device, args.chunk_tokens), device)
+                            row["peak_bytes"] = peak_memory_cuda(_step(v, N, D, V, device, args.chunk_tokens), device)
                         else:
                             row |= _peak_memory_cpu(v, N, D, V, args)
                     rows.append(row)
@@ -237,11 +198,7 @@ def main(argv: list[str] | None = None):
 
 
 def _plot(rows, variants, path):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     cases = sorted({(r["N"], r["D"], r["V"]) for r in rows})
     labels = [f"N{n}\nD{d} V{v}" for n, d, v in cases]
     fig, axes = plt.subplots(1, 2, figsize=(max(8, 1.4 * len(cases)), 4))
@@ -251,9 +208,11 @@ def _plot(rows, variants, path):
         xs = [j + i * width for j in range(len(cases))]
         axes[0].bar(xs, [by[c]["wall_s"] if c in by else 0 for c in cases], width, label=v)
         axes[1].bar(xs, [by[c].get("peak_bytes", 0) / 2**20 if c in by else 0 for c in cases], width, label=v)
+    measured = any("peak_bytes" in r for r in rows)
     for ax, title, unit in zip(axes, ("LM head + cross-entropy, forward+backward", "peak memory"), ("s", "MiB")):
         ax.set_xticks([j + 0.4 - width / 2 for j in range(len(cases))], labels, fontsize=7)
-        ax.set(title=title, ylabel=unit, yscale="log")
+        ax.set(title=title if unit == "s" or measured else "peak memory (not measured)", ylabel=unit,
+               yscale="log" if unit == "s" or measured else "linear")
     axes[0].legend()
     fig.tight_layout()
     fig.savefig(path, dpi=110)
