@@ -60,6 +60,8 @@ class TrainConfig(Strict):
     device: Literal["auto", "cpu", "cuda"] = "auto"
     dtype: Literal["auto", "fp32", "bf16"] = Field("auto", description="auto: fp32 on CPU, bf16 autocast on CUDA")
     threads: int | None = Field(None, gt=0, description="torch intra-op threads on CPU (default: all cores)")
+    peak_flops: float | None = Field(None, gt=0, description="peak FLOP/s of one device, the denominator of the logged MFU "
+                                                             "(default: a matmul measured at the start of training)")
     compile: bool = False
     parallel: Literal["ddp", "fsdp"] = Field("ddp", description="data parallelism under torchrun (DDP, or FSDP2 sharding)")
     dist_timeout_s: float = Field(600.0, gt=0, le=86400, description="seconds a collective may wait for the other ranks under torchrun")
