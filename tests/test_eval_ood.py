@@ -73,9 +73,14 @@ def test_window_losses_average_to_the_loss(tiny_corpus):
     torch.manual_seed(0)
     model = build_model(ModelConfig(d_model=16, n_layers=1, max_seq_len=T, mixer={"name": "attention", "head_dim": 8}),
                         tiny_corpus.vocab_size)
-    res = DomainEvaluator(tiny_corpus, ["code"], "validation", T, 4, 6 * T).evaluate(model)["code"]
+    ev = DomainEvaluator(tiny_corpus, ["code"], "validation", T, 4, 6 * T)
+    res = ev.evaluate(model)["code"]
     assert np.mean(res["window_losses"]) == pytest.approx(res["loss"], abs=1e-6)
     assert np.ptp(res["window_losses"]) > 0
+    with torch.no_grad():  # the same numbers from the whole logits
+        plain = torch.cat([torch.nn.functional.cross_entropy(model(x)[0].transpose(1, 2), y, reduction="none").mean(1)
+                           for x, y in ev.batches["code"]])
+    assert res["window_losses"] == pytest.approx(plain.tolist(), abs=2e-6)
 
 
 def test_token_bytes_sum_to_the_documents_bytes(tiny_corpus):

@@ -65,10 +65,10 @@ class DomainEvaluator:
 
 
 def token_losses(model, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """Per-token cross-entropy [B, T] in fp32 through the model's fused LM-head loss (the [B, T, V]
-    logits are never whole)."""
-    logits, _ = model(x)
-    return torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), y.flatten(), reduction="none").view_as(y)
+    """Per-token cross-entropy [B, T] in fp32 through the (possibly wrapped) model's LM-head loss, which
+    by default never materialises the [B, T, V] logits."""
+    losses, _ = model(x, targets=y, reduction="none")
+    return losses.float()
 
 
 def in_domain_loss(results: dict[str, dict], weights: dict[str, float], key: str = "loss") -> float:
