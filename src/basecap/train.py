@@ -4,6 +4,10 @@ AdamW with warmup + cosine decay, gradient clipping and accumulation, fp32 on CP
 on CUDA; evaluation of every domain every K steps into ``metrics.jsonl``; atomic checkpoints that
 resume exactly (the batch of step s is a pure function of (seed, s), and optimizer + RNG state are
 restored), so a killed run continues with the same loss sequence it would have had.
+
+Every step records tokens/s and MFU: model FLOP/s (3 x the forward FLOPs per token x tokens/s) over the
+peak FLOP/s of the devices, a matmul measured once per process at the start (``matmul_peak_flops``)
+unless ``train.peak_flops`` gives it (docs/performance.md).
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import statistics
 import sys
 import time
 from contextlib import nullcontext
@@ -54,6 +59,41 @@ def lr_at(step: int, cfg) -> float:
     return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
 
 
+# the trainer's peak probe: a 2048^3 matmul (17 GFLOP, a fraction of a second on one CPU core; within a few
+# percent of the 4096^3 figure of `basecap bench train` on CPU) after one warm-up, the median of 3
+PEAK_MATMUL_SIZE = 2048
+_PEAKS: dict[tuple, float] = {}
+
+
+def matmul_peak_flops(device: torch.device, dtype: torch.dtype = torch.float32, size: int = PEAK_MATMUL_SIZE, reps: int = 3,
+                      cached: bool = True) -> float:
+    """FLOP/s (2 size^3 per product) of a square ``size`` matmul in ``dtype`` on ``device`` at the current
+    thread count, the median of ``reps`` after one warm-up: the peak MFU is measured against. Cached per
+    process (per device, dtype, size and thread count) unless ``cached`` is False."""
+    key = (str(device), dtype, size, reps, torch.get_num_threads())
+    if key not in _PEAKS or not cached:
+        g = torch.Generator(device=device).manual_seed(0)
+        a, b = (torch.randn(size, size, device=device, generator=g).to(dtype) for _ in range(2))
+        out = torch.empty_like(a)
+        times = []
+        for i in range(reps + 1):
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            t = time.perf_counter()
+            torch.mm(a, b, out=out)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            if i:
+                times.append(time.perf_counter() - t)
+        _PEAKS[key] = 2.0 * size**3 / statistics.median(times)
+    return _PEAKS[key]
+
+
+def mfu(tokens_per_s: float, train_flops_per_token: float, peak_flops: float) -> float:
+    """Model FLOPs utilisation: achieved model FLOP/s over the peak FLOP/s (of every device together)."""
+    return tokens_per_s * train_flops_per_token / peak_flops
+
+
 def make_optimizer(model: torch.nn.Module, cfg) -> torch.optim.Optimizer:
     decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
@@ -77,6 +117,8 @@ class _Run:
     start: int
     log: Callable
     tracker: Tracker
+    train_flops_per_token: float  # 3 x the forward FLOPs: backward is two matmuls per forward one
+    peak_flops: float  # of all ranks together
     bar: Any = None  # tqdm progress bar on rank 0
 
     @property
@@ -117,10 +159,12 @@ def _train(cfg: RunConfig, rd: RunDir, env: DistEnv, device, amp_dtype, corpus, 
             done = step + 1
             if done % cfg.eval.every == 0 or done == cfg.train.steps:
                 final = _evaluate(run, done)
+                t_last = time.perf_counter()  # tokens/s counts training steps, not evaluations or checkpoints
             if done % cfg.train.checkpoint_every == 0 or done == cfg.train.steps:
                 rd.sync_metrics()  # on disk before the checkpoint that covers them
                 save_checkpoint(rd.checkpoints, done, run.model, run.opt, {}, keep=cfg.train.keep_checkpoints, env=env)
                 run.tracker.flush()
+                t_last = time.perf_counter()
         return _finish(run, final)
 
 
@@ -139,10 +183,11 @@ def _setup(cfg: RunConfig, rd: RunDir, env: DistEnv, device, amp_dtype, corpus, 
     if cfg.train.threads and device.type == "cpu":
         torch.set_num_threads(cfg.train.threads)
     autocast = partial(torch.autocast, device_type=device.type, dtype=amp_dtype) if amp_dtype else None
+    peak = _peak(cfg, device, amp_dtype)
 
     torch.manual_seed(cfg.seed)
     core = build_model(cfg.model, corpus.vocab_size).to(device)
-    info = _run_info(cfg, core, corpus, env, device)
+    info = _run_info(cfg, core, corpus, env, device) | {"peak_flops": peak}
     model = wrap(core, cfg.train.parallel, env, device)
     opt = make_optimizer(model, cfg.train)
     start = 0
@@ -160,13 +205,24 @@ def _setup(cfg: RunConfig, rd: RunDir, env: DistEnv, device, amp_dtype, corpus, 
         counts = info["params"]
         log(f"[{cfg.run_id}] {cfg.model.mixer.name}: {counts['total'] / 1e6:.2f}M params "
             f"({counts['non_embedding'] / 1e6:.2f}M non-embedding), {info['flops_per_token'] / 1e6:.1f} MFLOPs/token fwd, device {device}")
-    run = _Run(cfg, rd, env, device, autocast, model, opt, batches, evaluator, start, log, tracker)
+    run = _Run(cfg, rd, env, device, autocast, model, opt, batches, evaluator, start, log, tracker,
+               train_flops_per_token=3 * info["flops_per_token"], peak_flops=peak["per_device"] * env.world_size)
     if cfg.train.progress and env.is_main:
         from tqdm import tqdm
 
         run.bar = tqdm(total=cfg.train.steps, initial=start, desc=cfg.run_id, unit="step", mininterval=1.0, dynamic_ncols=True, file=sys.stderr)
     model.train()
     return run
+
+
+def _peak(cfg: RunConfig, device, amp_dtype) -> dict:
+    """The peak FLOP/s of one device (MFU's denominator) and where it comes from."""
+    if cfg.train.peak_flops is not None:
+        return {"per_device": cfg.train.peak_flops, "source": "train.peak_flops"}
+    dtype = amp_dtype or torch.float32
+    threads = f", {torch.get_num_threads()} thread(s)" if device.type == "cpu" else ""
+    return {"per_device": matmul_peak_flops(device, dtype),
+            "source": f"measured: {str(dtype).removeprefix('torch.')} {PEAK_MATMUL_SIZE}^3 matmul, median of 3{threads}"}
 
 
 def _run_info(cfg: RunConfig, model, corpus, env: DistEnv, device) -> dict:
@@ -220,15 +276,17 @@ def _loss(model, x, y):
 
 def _record_step(run: _Run, done: int, loss: float, lr: float, gnorm, tokens_per_s: float):
     """The step's metrics record (rank 0 writes it) and the progress bar or log line."""
-    rec = {"kind": "train", "step": done, "loss": loss, "lr": lr, "grad_norm": float(gnorm), "tokens_per_s": tokens_per_s}
+    util = mfu(tokens_per_s, run.train_flops_per_token, run.peak_flops)
+    rec = {"kind": "train", "step": done, "loss": loss, "lr": lr, "grad_norm": float(gnorm), "tokens_per_s": tokens_per_s, "mfu": util}
     if run.env.is_main:
         run.rd.append_metrics(rec)
         run.tracker.log(rec)
     if run.bar:
         run.bar.update(1)
-        run.bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{tokens_per_s:.0f}", refresh=False)
+        run.bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{tokens_per_s:.0f}", mfu=f"{100 * util:.0f}%", refresh=False)
     elif done % run.cfg.train.log_every == 0:
-        run.log(f"[{run.cfg.run_id}] step {done}/{run.cfg.train.steps} loss {loss:.4f} lr {lr:.2e} {tokens_per_s:.0f} tok/s")
+        run.log(f"[{run.cfg.run_id}] step {done}/{run.cfg.train.steps} loss {loss:.4f} lr {lr:.2e} {tokens_per_s:.0f} tok/s "
+                f"MFU {100 * util:.1f}%")
 
 
 def _evaluate(run: _Run, step: int) -> dict:
@@ -249,5 +307,19 @@ def _finish(run: _Run, final: dict | None) -> dict:
     if final is None:  # resumed exactly at the end
         final = _evaluate(run, run.cfg.train.steps)
     if run.env.is_main:
+        _record_speed(run)
         run.rd.write_done(run.cfg.train.steps, final)
     return final
+
+
+def _record_speed(run: _Run):
+    """run.json's "speed": medians over the run's training steps (every step of metrics.jsonl, resumed
+    parts included; the first step, which warms up, is left out when there are others)."""
+    steps = [r for r in run.rd.read_metrics() if r["kind"] == "train" and "mfu" in r]
+    steps = steps[1:] if len(steps) > 1 else steps
+    if not steps:
+        return
+    info = run.rd.read_info()
+    info["speed"] = {"steps": len(steps), "tokens_per_s": statistics.median(r["tokens_per_s"] for r in steps),
+                     "mfu": statistics.median(r["mfu"] for r in steps)}
+    run.rd.write_info(info)

@@ -1,14 +1,20 @@
-"""``basecap bench train``: the trainer's overhead against a minimal plain PyTorch loop.
+"""``basecap bench train``: the trainer's tokens/s and MFU, and its overhead against a minimal plain loop.
 
 Both train the same model (same config, same initial weights, same batches materialised up front
 for the plain loop) in the same process, alternating trainer and plain windows to cancel drift.
-Reported: median tokens/s of optimizer steps (evaluation and checkpointing are excluded from both:
-they are configured work, not overhead), and the ratio.
+The default shape is the quickstart's Transformer++ (width 128, 4 layers, 256 tokens x 16 sequences,
+the default corpus's 8192-token vocabulary). Reported: median tokens/s of optimizer steps (evaluation
+and checkpointing are excluded from both: they are configured work, not overhead), the ratio, and
+MFU: model FLOP/s (3 x ``LM.flops_per_token`` x tokens/s) over the peak FLOP/s of an fp32
+``--peak-size``^3 matmul at the same thread count (the median of 3 after a warm-up, measured in every
+window; the median over windows). On a CPU shared with other jobs both the peak and the steps slow
+down; ``load_average`` is recorded next to them.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import tempfile
 import time
@@ -37,50 +43,69 @@ def main(argv: list[str] | None = None):
     from ..matching import resolve
     from ..model import build_model
     from ..rundir import RunDir, write_json
-    from ..train import make_optimizer, train
+    from ..train import make_optimizer, matmul_peak_flops, mfu, train
 
     ap = argparse.ArgumentParser(prog="basecap bench train", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--recipe", default="default")
     ap.add_argument("--mixer", default="attention")
     ap.add_argument("--steps", type=int, default=30, help="steps per window")
     ap.add_argument("--windows", type=int, default=2, help="alternating trainer/plain windows")
-    ap.add_argument("--d-model", type=int, default=192)
+    ap.add_argument("--d-model", type=int, default=128)
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--seq-len", type=int, default=256)
     ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--head-impl", default="auto", choices=["auto", "chunked", "plain"], help="the LM head's loss (model.head_impl)")
+    ap.add_argument("--threads", type=int, default=None, help="CPU threads (default: torch's, all cores)")
+    ap.add_argument("--peak-size", type=int, default=4096, help="square fp32 matmul size of the peak FLOP/s")
     ap.add_argument("--out", default="bench_results/train")
     args = ap.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
 
     corpus = build_corpus(load_recipe(args.recipe))
     domain = corpus.domains[0]
     steps = args.steps
     cfg = resolve(validate_run({
         "name": "bench", "data": {"recipe": args.recipe, "train_weights": {domain: 1.0}, "seq_len": args.seq_len, "eval_domains": [domain]},
-        "model": {"d_model": args.d_model, "n_layers": args.layers, "max_seq_len": args.seq_len, "mixer": {"name": args.mixer}},
-        "train": {"steps": steps, "batch_size": args.batch, "warmup_steps": 1, "checkpoint_every": 10**9, "progress": False},
+        "model": {"d_model": args.d_model, "n_layers": args.layers, "max_seq_len": args.seq_len, "mixer": {"name": args.mixer},
+                  "match_params": True, "head_impl": args.head_impl},
+        "train": {"steps": steps, "batch_size": args.batch, "warmup_steps": 1, "checkpoint_every": 10**9, "progress": False,
+                  "threads": torch.get_num_threads()},
         "eval": {"every": 10**9, "max_tokens": args.seq_len * 8, "batch_size": 8},
     }))
     tb = TrainBatches(corpus, weights={domain: 1.0}, seq_len=args.seq_len, batch_size=args.batch, seed=0)
     batches = [tb.batch(s) for s in range(steps)]
     tok = args.batch * args.seq_len
-    trainer_tps, plain_tps = [], []
+    trainer_tps, plain_tps, peaks, trainer_mfu = [], [], [], []
+    cpu = torch.device("cpu")
     for w in range(args.windows):
+        peaks.append(matmul_peak_flops(cpu, size=args.peak_size, reps=3, cached=False))
         with tempfile.TemporaryDirectory() as tmp:
             train(cfg, Path(tmp) / "run", corpus=corpus, log=lambda *_: None)
-            recs = RunDir(Path(tmp) / "run").read_metrics()
-            trainer_tps += [r["tokens_per_s"] for r in recs if r["kind"] == "train"][2:]  # skip warm-up steps
+            recs = [r for r in RunDir(Path(tmp) / "run").read_metrics() if r["kind"] == "train"][2:]  # skip warm-up steps
+            trainer_tps += [r["tokens_per_s"] for r in recs]
+            trainer_mfu += [r["mfu"] for r in recs]
         torch.manual_seed(0)
         model = build_model(cfg.model, corpus.vocab_size)
         opt = make_optimizer(model, cfg.train)
         plain_tps += [tok / t for t in _plain_steps(model, opt, batches, cfg.train.grad_clip)[2:]]
-    tr, pl = statistics.median(trainer_tps), statistics.median(plain_tps)
+    fpt = 3 * model.flops_per_token(args.seq_len)
+    tr, pl, peak = statistics.median(trainer_tps), statistics.median(plain_tps), statistics.median(peaks)
     overhead = pl / tr - 1
     res = {"mixer": args.mixer, "d_model": args.d_model, "layers": args.layers, "seq_len": args.seq_len, "batch": args.batch,
-           "threads": torch.get_num_threads(), "trainer_tokens_per_s": tr, "plain_tokens_per_s": pl,
-           "overhead_pct": 100 * overhead, "target_pct": 5.0, "met": overhead <= 0.05}
-    print(f"{'loop':<10}{'tokens/s (median)':>20}")
-    print(f"{'trainer':<10}{tr:>20.0f}\n{'plain':<10}{pl:>20.0f}")
-    print(f"trainer overhead: {100 * overhead:+.1f}% (target <= 5%: {'met' if res['met'] else 'MISSED'})")
+           "vocab_size": corpus.vocab_size, "head_impl": args.head_impl, "threads": torch.get_num_threads(),
+           "trainer_tokens_per_s": tr, "plain_tokens_per_s": pl, "overhead_pct": 100 * overhead, "target_pct": 5.0, "met": overhead <= 0.05,
+           "train_flops_per_token": fpt, "peak_flops": peak, "peak_flops_windows": peaks, "peak": f"fp32 {args.peak_size}^3 matmul, median of 3",
+           "trainer_flops_per_s": tr * fpt, "trainer_mfu": mfu(tr, fpt, peak), "plain_mfu": mfu(pl, fpt, peak),
+           "trainer_logged_mfu": statistics.median(trainer_mfu), "mfu_target": 0.5, "load_average": os.getloadavg()}
+    print(f"{'loop':<10}{'tokens/s (median)':>20}{'GFLOP/s':>10}{'MFU':>8}")
+    for name, tps in (("trainer", tr), ("plain", pl)):
+        print(f"{name:<10}{tps:>20.0f}{tps * fpt / 1e9:>10.1f}{100 * mfu(tps, fpt, peak):>7.1f}%")
+    print(f"peak: {peak / 1e9:.1f} GFLOP/s ({res['peak']}, {res['threads']} thread(s)); training FLOPs/token "
+          f"{fpt / 1e6:.2f}M (3 x forward); load average {res['load_average'][0]:.2f}")
+    print(f"trainer overhead: {100 * overhead:+.1f}% (target <= 5%: {'met' if res['met'] else 'MISSED'}); "
+          f"trainer MFU {100 * res['trainer_mfu']:.1f}% (target >= 50%: {'met' if res['trainer_mfu'] >= 0.5 else 'MISSED'}; "
+          f"{100 * res['trainer_logged_mfu']:.1f}% against its own start-up probe)")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / "train.json", res)
