@@ -8,7 +8,7 @@ import torch
 from test_data_helpers import make_tiny_data, tiny_recipe
 
 from basecap.config_base import ConfigError
-from basecap.data import TrainBatches, build_corpus, eval_batches, recipe_from_dict
+from basecap.data import TrainBatches, build_corpus, recipe_from_dict
 
 
 @pytest.fixture(scope="module")
@@ -67,23 +67,6 @@ def test_ranks_split_one_global_batch(corpus):
     whole = TrainBatches(corpus, batch_size=6, **kw).batch(11)[0]
     parts = [TrainBatches(corpus, batch_size=2, rank=r, world_size=3, **kw).batch(11)[0] for r in range(3)]
     assert torch.equal(torch.cat(parts), whole)
-
-
-def test_eval_windows_cover_the_split_without_overlap(corpus):
-    toks = np.asarray(corpus.tokens("code", "validation"))
-    T = 16
-    batches = list(eval_batches(corpus, "code", split="validation", seq_len=T, batch_size=3, max_tokens=100))
-    x = torch.cat([b[0] for b in batches]).numpy()
-    y = torch.cat([b[1] for b in batches]).numpy()
-    n = 100 // T
-    assert x.shape == (n, T) and all(b[0].shape[0] <= 3 for b in batches)
-    assert np.array_equal(x.reshape(-1), toks[: n * T]) and np.array_equal(y.reshape(-1), toks[1 : n * T + 1])
-    again = list(eval_batches(corpus, "code", split="validation", seq_len=T, batch_size=3, max_tokens=100))
-    assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(batches, again))
-    everything = list(eval_batches(corpus, "code", split="validation", seq_len=T, batch_size=4, max_tokens=None))
-    assert sum(b[0].shape[0] for b in everything) == (len(toks) - 1) // T
-    with pytest.raises(ConfigError):
-        next(eval_batches(corpus, "nope", seq_len=T))
 
 
 def test_tokenizer_round_trip(corpus):

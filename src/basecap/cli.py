@@ -184,7 +184,7 @@ def _add_report(sub) -> None:
     r.add_argument("run_dirs", nargs="+")
     r.add_argument("--out", default=None, help="output folder (default: <parent of first run>/report)")
     r.add_argument("--reference", default=None, help="run name to compare against (default: the first run)")
-    r.add_argument("--smooth", type=int, default=1, help="moving average over this many evaluations before matching")
+    r.add_argument("--smooth", type=int, default=3, help="moving average over this many evaluations before matching")
     r.add_argument("--speed", default=None, help="a `basecap bench mixers` JSON to include as the speed section")
 
 

@@ -89,7 +89,7 @@ class TrainConfig(Strict):
 class EvalConfig(Strict):
     every: int = Field(50, gt=0, description="evaluate every K steps (and at the last step)")
     split: Literal["validation", "test"] = "validation"
-    max_tokens: int = Field(32768, gt=0, description="evaluation tokens per domain")
+    max_tokens: int = Field(65536, gt=0, description="evaluation tokens per domain (windows spread over the split)")
     batch_size: int = Field(8, gt=0)
 
 

@@ -179,7 +179,7 @@ def _setup(cfg: RunConfig, rd: RunDir, env: DistEnv, device, amp_dtype, corpus, 
     batches = TrainBatches(corpus, weights=cfg.data.train_weights, seq_len=cfg.data.seq_len, batch_size=cfg.train.batch_size // env.world_size,
                            seed=cfg.seed, rank=env.rank, world_size=env.world_size)
     evaluator = DomainEvaluator(corpus, cfg.data.eval_domains or corpus.domains, cfg.eval.split, cfg.data.seq_len,
-                                cfg.eval.batch_size, cfg.eval.max_tokens)
+                                cfg.eval.batch_size, cfg.eval.max_tokens, train_weights=cfg.data.train_weights)
     if cfg.train.threads and device.type == "cpu":
         torch.set_num_threads(cfg.train.threads)
     autocast = partial(torch.autocast, device_type=device.type, dtype=amp_dtype) if amp_dtype else None
