@@ -100,3 +100,17 @@ def test_evaluator_records_the_baseline_a_unigram_model_reaches(corpus):
     for d in ("prose", "code"):
         assert res[d]["unigram_loss"] == pytest.approx(res[d]["loss"], rel=1e-5)
     assert "unigram_loss" not in DomainEvaluator(corpus, ["code"], "validation", T, 4, 8 * T).evaluate(UnigramModel(logp))["code"]
+
+
+def test_a_truncated_shard_is_refused_when_the_corpus_opens(tiny_corpus, tmp_path):
+    """A damaged shard (a full disk, a partial copy) is caught on open, naming the file and the verify command."""
+    from basecap.config_base import ConfigError
+    from basecap.data.corpus import Corpus
+
+    copy = tmp_path / tiny_corpus.dir.name
+    shutil.copytree(tiny_corpus.dir, copy)
+    info = Corpus(copy).manifest["domains"]["prose"]["splits"]["train"]
+    with open(copy / info["file"], "r+b") as f:
+        f.truncate(10)
+    with pytest.raises(ConfigError, match="10 bytes.*basecap data verify"):
+        Corpus(copy)

@@ -36,6 +36,20 @@ class Corpus:
         self._tokenizer = None
         self._shards: dict[tuple[str, str], np.ndarray] = {}
         self._token_bytes: np.ndarray | None = None
+        self._check_shard_sizes()
+
+    def _check_shard_sizes(self):
+        """Every token shard exists with the size its manifest entry records (hashes: ``basecap data verify``)."""
+        for domain, dinfo in self.manifest["domains"].items():
+            for split, info in dinfo["splits"].items():
+                if not info["tokens"]:
+                    continue
+                path, want = self.dir / info["file"], info["tokens"] * self.dtype.itemsize
+                have = path.stat().st_size if path.is_file() else None
+                if have != want:
+                    raise ConfigError(f"{path}: token shard of {domain}/{split} is {'missing' if have is None else f'{have} bytes'}, "
+                                      f"the manifest records {want} bytes; the corpus is damaged: run `basecap data verify {self.dir}` "
+                                      f"and rebuild it (remove the folder, then `basecap data build`)")
 
     @property
     def name(self) -> str:
