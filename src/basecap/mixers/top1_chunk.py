@@ -29,7 +29,7 @@ import torch
 from pydantic import Field
 
 from ..ops.top1 import (SEL_DTYPE, ChunkSettings, approx_attention, approx_select, attend_selected, candidate_lse,
-                        chunk_ref, exact_select, merge_softmax, st_gate, tile_attention)
+                        chunk_ref, exact_select, merge_softmax, st_gate)
 from .base import State
 from .kit.selection import SelectionConfig, SelectionMixer
 
@@ -52,12 +52,10 @@ class Top1Chunk(SelectionMixer):
         {"chunk_len": 6, "selection": "approx", "position": "none", "temperature": 0.5},
     )]
 
-    def _settings(self, impl: str, device: torch.device) -> ChunkSettings:
+    def _settings(self, impl: str) -> ChunkSettings:
         cfg, kernel = self.cfg, None
         if impl == "fast":
             from ..kernels.top1_cuda import sdpa_tile_attention as kernel
-        elif device.type != "cpu":  # the tile-batched Function runs PyTorch's CPU flash-attention kernels
-            kernel = tile_attention
         return ChunkSettings(self.scale, cfg.chunk_len, cfg.own_chunk, tile_rows=cfg.chunk_size,
                              select_rows=self._block_rows(impl, 4 * cfg.chunk_size), tile_kernel=kernel)
 
@@ -66,7 +64,7 @@ class Top1Chunk(SelectionMixer):
         if impl == "ref":
             return chunk_ref(q, k, v, q_pos, self.scale, cfg.chunk_len, selection=cfg.selection,
                              own_chunk=cfg.own_chunk, selector_grad=cfg.selector_grad)
-        s = self._settings(impl, q.device)
+        s = self._settings(impl)
         own, approx = cfg.own_chunk, cfg.selection == "approx"
         gate = cfg.selector_grad == "straight_through" and torch.is_grad_enabled()
         if approx and gate and own == "candidate" and s.tile_kernel is None and state is None:

@@ -13,26 +13,28 @@ from .tile import query_rows, rows_as_bhtd, tile_backward, tile_forward, tile_la
 
 
 class _ApproxAttention(torch.autograd.Function):
-    """Returns the output rows (``query_rows`` layout). The backward accumulates the selector gradient
-    and the attention gradient into the same dq, dk (no second pair of [T, D] gradient buffers)."""
+    """The backward accumulates the selector gradient and the attention gradient into the same
+    dq, dk (no second pair of [T, D] gradient buffers)."""
 
     @staticmethod
     def forward(ctx, q, k, v, q_pos, cfg: ChunkSettings):
+        B, H, T, D = q.shape
         sel, sums, _ = approx_forward(q, k, None, q_pos, cfg)
-        layout = tile_layout(sel, q_pos, k.shape[2], cfg.chunk_len, cfg.tile_rows)
+        layout = tile_layout(sel, k.shape[2], cfg.chunk_len, cfg.tile_rows)
         queries = query_rows(q, q_pos)
-        o, _, lse_slots = tile_forward(queries, k, v, layout, cfg.scale)
-        ctx.save_for_backward(q, k, v, q_pos, queries.index, sel, sums.to(q.dtype), o, lse_slots)
+        o, _ = tile_forward(queries, k, v, layout, cfg.scale)
+        ctx.save_for_backward(q, k, v, q_pos, queries.index, sel, sums.to(q.dtype))
         ctx.layout, ctx.cfg = layout, cfg
-        return o
+        return rows_as_bhtd(o, queries.index, B, H, T)
 
     @staticmethod
     def backward(ctx, do):
-        q, k, v, q_pos, index, sel, sums, o, lse_slots = ctx.saved_tensors
+        q, k, v, q_pos, index, sel, sums = ctx.saved_tensors
         layout, cfg = ctx.layout, ctx.cfg
         B, H, T, D = q.shape
         queries = query_rows(q, q_pos)
-        dq, dk, dv, dgate = tile_backward(queries, k, v, layout, cfg.scale, o, lse_slots, do, None, True)
+        do_rows = do.transpose(1, 2).reshape(-1, D) if index is not None else do.reshape(-1, D)
+        dq, dk, dv, dgate = tile_backward(queries, k, v, layout, cfg.scale, do_rows, None, True)
         dq = rows_as_bhtd(dq, index, B, H, T)
         approx_backward(q, k, q_pos, ApproxPick(sel, sums, None), dgate.view(B, H, T), cfg, dq, dk)
         return dq, dk, dv, None, None
@@ -42,7 +44,5 @@ def approx_attention(q: Tensor, k: Tensor, v: Tensor, q_pos: Tensor, cfg: ChunkS
     """Top-1 Chunk Approx training forward: no cache, own chunk a candidate, straight-through gate."""
     if cfg.own_chunk != "candidate":
         raise ValueError("approx_attention is the own_chunk='candidate' form; use approx_select + attend_selected")
-    B, H, T, _ = q.shape
-    tile_rows = max(1, min(cfg.tile_rows, T))
-    o = _ApproxAttention.apply(q, k, v, q_pos, replace(cfg, tile_rows=tile_rows))
-    return rows_as_bhtd(o, query_rows(q, q_pos).index, B, H, T)
+    tile_rows = max(1, min(cfg.tile_rows, q.shape[2]))
+    return _ApproxAttention.apply(q, k, v, q_pos, replace(cfg, tile_rows=tile_rows))
