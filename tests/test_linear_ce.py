@@ -249,3 +249,17 @@ def test_head_benchmark_smoke(tmp_path):
     # plain holds three [N, V] fp32 buffers (logits, log-softmax, their gradient: 16 MiB each), chunked one 4 MiB chunk
     assert rows["chunked"]["peak_bytes"] < 0.5 * rows["plain"]["peak_bytes"]
     assert (tmp_path / "head.png").exists()
+
+
+def test_model_throughput_benchmark_compares_heads(tmp_path):
+    import json
+
+    from basecap.bench import throughput
+
+    throughput.main(["--mixers", "attention", "--preset", "tiny", "--lengths", "1024", "--vocab", "4096", "--reps", "1",
+                     "--warmup", "0", "--head-impls", "plain", "chunked", "--threads", "1", "--memory", "--device", "cpu",
+                     "--out", str(tmp_path)])
+    rows = {r["head_impl"]: r for r in json.loads((tmp_path / "throughput.json").read_text())["rows"]}
+    assert set(rows) == {"plain", "chunked"} and all(r["step_s"] > 0 and r["params"] == rows["plain"]["params"] for r in rows.values())
+    # the plain head's [1024, 4096] fp32 logits, log-softmax and gradient (16 MiB each) are what the chunked one saves
+    assert rows["chunked"]["peak_mem_gib"] < rows["plain"]["peak_mem_gib"] - 24 / 1024

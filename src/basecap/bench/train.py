@@ -6,9 +6,13 @@ The default shape is the quickstart's Transformer++ (width 128, 4 layers, 256 to
 the default corpus's 8192-token vocabulary). Reported: median tokens/s of optimizer steps (evaluation
 and checkpointing are excluded from both: they are configured work, not overhead), the ratio, and
 MFU: model FLOP/s (3 x ``LM.flops_per_token`` x tokens/s) over the peak FLOP/s of an fp32
-``--peak-size``^3 matmul at the same thread count (the median of 3 after a warm-up, measured in every
-window; the median over windows). On a CPU shared with other jobs both the peak and the steps slow
-down; ``load_average`` is recorded next to them.
+``--peak-size``^3 matmul at the same thread count (the fastest of 3 after a warm-up, measured before
+every window; the fastest over windows, see ``train.matmul_peak_flops``).
+
+On a CPU shared with other jobs the steps slow down with the load (``load_average`` is recorded), so
+the plain loop also reports its process CPU time: ``cpu_mfu`` is model FLOPs per CPU-second over the
+peak per thread. With ``OMP_WAIT_POLICY=PASSIVE`` (threads sleep rather than spin while they wait) that
+is close to what the same loop reaches on an idle machine; with spinning threads it also counts the spin.
 """
 
 from __future__ import annotations
@@ -24,16 +28,17 @@ import torch
 
 
 def _plain_steps(model, opt, batches, clip):
+    """Wall and process CPU seconds of each step."""
     times = []
     for x, y in batches:
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         loss = model.loss(x, y)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
         opt.step()
         opt.zero_grad(set_to_none=True)
         loss.item()
-        times.append(time.perf_counter() - t)
+        times.append((time.perf_counter() - t, time.process_time() - c))
     return times
 
 
@@ -76,7 +81,7 @@ def main(argv: list[str] | None = None):
     tb = TrainBatches(corpus, weights={domain: 1.0}, seq_len=args.seq_len, batch_size=args.batch, seed=0)
     batches = [tb.batch(s) for s in range(steps)]
     tok = args.batch * args.seq_len
-    trainer_tps, plain_tps, peaks, trainer_mfu = [], [], [], []
+    trainer_tps, plain_tps, plain_cpu_tps, peaks, trainer_mfu = [], [], [], [], []
     cpu = torch.device("cpu")
     for w in range(args.windows):
         peaks.append(matmul_peak_flops(cpu, size=args.peak_size, reps=3, cached=False))
@@ -88,19 +93,25 @@ def main(argv: list[str] | None = None):
         torch.manual_seed(0)
         model = build_model(cfg.model, corpus.vocab_size)
         opt = make_optimizer(model, cfg.train)
-        plain_tps += [tok / t for t in _plain_steps(model, opt, batches, cfg.train.grad_clip)[2:]]
+        times = _plain_steps(model, opt, batches, cfg.train.grad_clip)[2:]
+        plain_tps += [tok / t for t, _ in times]
+        plain_cpu_tps += [tok / c for _, c in times]
     fpt = 3 * model.flops_per_token(args.seq_len)
-    tr, pl, peak = statistics.median(trainer_tps), statistics.median(plain_tps), statistics.median(peaks)
+    tr, pl, peak = statistics.median(trainer_tps), statistics.median(plain_tps), max(peaks)
+    threads = torch.get_num_threads()
+    cpu_mfu = mfu(statistics.median(plain_cpu_tps), fpt, peak / threads)
     overhead = pl / tr - 1
     res = {"mixer": args.mixer, "d_model": args.d_model, "layers": args.layers, "seq_len": args.seq_len, "batch": args.batch,
-           "vocab_size": corpus.vocab_size, "head_impl": args.head_impl, "threads": torch.get_num_threads(),
+           "vocab_size": corpus.vocab_size, "head_impl": args.head_impl, "threads": threads,
            "trainer_tokens_per_s": tr, "plain_tokens_per_s": pl, "overhead_pct": 100 * overhead, "target_pct": 5.0, "met": overhead <= 0.05,
-           "train_flops_per_token": fpt, "peak_flops": peak, "peak_flops_windows": peaks, "peak": f"fp32 {args.peak_size}^3 matmul, median of 3",
-           "trainer_flops_per_s": tr * fpt, "trainer_mfu": mfu(tr, fpt, peak), "plain_mfu": mfu(pl, fpt, peak),
+           "train_flops_per_token": fpt, "peak_flops": peak, "peak_flops_windows": peaks, "peak": f"fp32 {args.peak_size}^3 matmul, fastest of 3",
+           "trainer_flops_per_s": tr * fpt, "trainer_mfu": mfu(tr, fpt, peak), "plain_mfu": mfu(pl, fpt, peak), "plain_cpu_mfu": cpu_mfu,
+           "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
            "trainer_logged_mfu": statistics.median(trainer_mfu), "mfu_target": 0.5, "load_average": os.getloadavg()}
     print(f"{'loop':<10}{'tokens/s (median)':>20}{'GFLOP/s':>10}{'MFU':>8}")
     for name, tps in (("trainer", tr), ("plain", pl)):
         print(f"{name:<10}{tps:>20.0f}{tps * fpt / 1e9:>10.1f}{100 * mfu(tps, fpt, peak):>7.1f}%")
+    print(f"plain loop per CPU-second: MFU {100 * cpu_mfu:.1f}% (model FLOPs / process CPU time / (peak / threads))")
     print(f"peak: {peak / 1e9:.1f} GFLOP/s ({res['peak']}, {res['threads']} thread(s)); training FLOPs/token "
           f"{fpt / 1e6:.2f}M (3 x forward); load average {res['load_average'][0]:.2f}")
     print(f"trainer overhead: {100 * overhead:+.1f}% (target <= 5%: {'met' if res['met'] else 'MISSED'}); "
