@@ -116,12 +116,26 @@ def _measure(name: str, args) -> dict:
         ref = _make(name, impl=impls[0])
         x = torch.randn(1, args.ref_length, D_MODEL, requires_grad=True)
         fwd_bwd(ref, torch.randn(1, 64, D_MODEL, requires_grad=True))()  # warm up on a short input
-        row["ref_train_s"] = median_time(fwd_bwd(ref, x), reps=2, warmup=0)
-        fast_t = median_time(fwd_bwd(m, x), reps=args.reps)
-        row["speedup_vs_ref"] = row["ref_train_s"] / fast_t
+        row.update(_ref_vs_fast(fwd_bwd(ref, x), fwd_bwd(m, x), rounds=3))
     row["decode_ms"] = {ctx: 1e3 * t for ctx, t in _decode_latencies(m, args.contexts).items()}
     print(f"{name}: done", flush=True)
     return row
+
+
+def _ref_vs_fast(ref_step, fast_step, rounds: int) -> dict:
+    """Reference and fast form timed in alternation (one of each per round), wall and process CPU time, so a
+    change in machine load moves both sides alike; medians over the rounds."""
+    fast_step()  # warm-up of the fast form at this length
+    walls, cpus = {"ref": [], "fast": []}, {"ref": [], "fast": []}
+    for _ in range(rounds):
+        for side, step in (("ref", ref_step), ("fast", fast_step)):
+            w, c = time.perf_counter(), time.process_time()
+            step()
+            walls[side].append(time.perf_counter() - w)
+            cpus[side].append(time.process_time() - c)
+    med = {k: {side: statistics.median(v) for side, v in d.items()} for k, d in (("wall", walls), ("cpu", cpus))}
+    return {"ref_train_s": med["wall"]["ref"], "ref_fast_train_s": med["wall"]["fast"],
+            "speedup_vs_ref": med["wall"]["ref"] / med["wall"]["fast"], "speedup_vs_ref_cpu": med["cpu"]["ref"] / med["cpu"]["fast"]}
 
 
 def _grid_points(args) -> tuple[int, int, int, int]:
