@@ -11,19 +11,27 @@ that are trained, planned and written to ``run.json``.
 
 from __future__ import annotations
 
-import copy
 import itertools
-import re
 import tomllib
+import types
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 
-from .config_base import ConfigError, Strict, format_validation_error
+from .config_base import (ConfigError, Strict, check_name, deep_merge, flatten_keys, format_validation_error, key_labels,
+                          name_problem, nested, parse_override, run_name_problem, set_key, sweep_name, value_label)
 from .matching import resolve as resolve_config
 from .model import ModelConfig
 from .tracking import normalize_loggers
+
+# upper bounds that catch a typo (an extra digit, a value in the wrong key) before any compute
+MAX_SEQ_LEN = 2**20
+MAX_BATCH = 2**16
+MAX_STEPS = 10**8
+MAX_D_MODEL = 2**16
+MAX_LAYERS = 1024
+Beta = Annotated[float, Field(ge=0, lt=1)]
 
 
 class DataConfig(Strict):
@@ -31,7 +39,7 @@ class DataConfig(Strict):
     train_weights: dict[str, float] = Field(default_factory=lambda: {"prose": 1.0},
                                             description="domain -> sampling weight; limited-domain vs mixed-domain setting")
     eval_domains: list[str] | None = Field(None, description="domains evaluated; default: every domain of the corpus")
-    seq_len: int = Field(256, gt=1)
+    seq_len: int = Field(256, gt=1, le=MAX_SEQ_LEN)
 
     @field_validator("train_weights")
     @classmethod
@@ -48,14 +56,14 @@ class DataConfig(Strict):
 
 
 class TrainConfig(Strict):
-    steps: int = Field(300, gt=0)
-    batch_size: int = Field(8, gt=0, description="sequences per optimizer step (all micro-batches together)")
+    steps: int = Field(300, gt=0, le=MAX_STEPS)
+    batch_size: int = Field(8, gt=0, le=MAX_BATCH, description="sequences per optimizer step (all micro-batches together)")
     grad_accum: int = Field(1, gt=0, description="micro-batches per step; batch_size must divide evenly")
-    lr: float = Field(3e-3, gt=0)
+    lr: float = Field(3e-3, gt=0, le=1)
     min_lr_ratio: float = Field(0.1, ge=0, le=1)
     warmup_steps: int = Field(30, ge=0)
     weight_decay: float = Field(0.1, ge=0)
-    betas: tuple[float, float] = (0.9, 0.95)
+    betas: tuple[Beta, Beta] = Field((0.9, 0.95), description="AdamW's (beta1, beta2), each in [0, 1)")
     grad_clip: float = Field(1.0, ge=0, description="0 disables clipping")
     device: Literal["auto", "cpu", "cuda"] = "auto"
     dtype: Literal["auto", "fp32", "bf16"] = Field("auto", description="auto: fp32 on CPU, bf16 autocast on CUDA")
@@ -90,13 +98,7 @@ class EvalConfig(Strict):
     every: int = Field(50, gt=0, description="evaluate every K steps (and at the last step)")
     split: Literal["validation", "test"] = "validation"
     max_tokens: int = Field(65536, gt=0, description="evaluation tokens per domain (windows spread over the split)")
-    batch_size: int = Field(8, gt=0)
-
-
-_NAME = r"[A-Za-z0-9_.+-]+"
-# a run of a sweep is named after its point: the run's name, then each swept key's label and value
-# (transformer_pp@lr=0.003,d_model=64); "@", "=" and "," appear nowhere else, so the name reads back unambiguously
-_RUN_NAME = rf"{_NAME}(@{_NAME}={_NAME}(,{_NAME}={_NAME})*)?"
+    batch_size: int = Field(8, gt=0, le=MAX_BATCH)
 
 
 class RunConfig(Strict):
@@ -110,14 +112,20 @@ class RunConfig(Strict):
     @field_validator("name")
     @classmethod
     def _name(cls, v):
-        if not re.fullmatch(_RUN_NAME, v):
-            raise ValueError("run names may use letters, digits and _ . + - only (a sweep point adds @key=value,...)")
+        problem = run_name_problem(v)
+        if problem:
+            raise ValueError(problem)
         return v
 
     @model_validator(mode="after")
     def _check(self):
         if self.data.seq_len > self.model.max_seq_len:
             raise ValueError(f"data.seq_len={self.data.seq_len} exceeds model.max_seq_len={self.model.max_seq_len}")
+        m = self.model
+        for key, value, most in (("d_model", m.d_model, MAX_D_MODEL), ("n_layers", m.n_layers, MAX_LAYERS),
+                                 ("max_seq_len", m.max_seq_len, MAX_SEQ_LEN)):
+            if value > most:
+                raise ValueError(f"model.{key}={value} is over {most} (a typo?)")
         return self
 
     @property
@@ -172,43 +180,60 @@ class ExperimentConfig(Strict):
     train: dict[str, Any] = Field(default_factory=dict)
     eval: dict[str, Any] = Field(default_factory=dict)
     runs: list[dict[str, Any]] = Field(default_factory=list)
+    overrides: dict[str, Any] = Field(default_factory=dict, description="run config key -> value set on the command line "
+                                      "(--set train.steps=50): applied to every run last, over the size table")
 
     @field_validator("sweep", mode="before")
     @classmethod
     def _flat_sweep(cls, v):
         return flatten_keys(v) if isinstance(v, dict) else v
 
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v):
+        return check_name(v, "name", "experiment names")
+
     @model_validator(mode="after")
     def _check(self):
-        names = [r.get("name") for r in self.runs]
-        if any(n is None for n in names):
-            raise ValueError("runs: every [[runs]] entry needs a name")
-        bad = [n for n in names if not re.fullmatch(_NAME, str(n))]
-        if bad:
-            raise ValueError(f"runs: run names may use letters, digits and _ . + - only, got {bad}")
-        dup = {n for n in names if names.count(n) > 1}
-        if dup:
-            raise ValueError(f"runs: duplicate run names {sorted(dup)}")
+        names = self._check_names()
         if self.size is not None and self.size not in self.sizes:
             raise ValueError(f"size: {self.size!r} is not defined; allowed: {', '.join(self.sizes) or '(no [sizes.*] tables)'}")
         for sname, over in self.sizes.items():
+            check_name(sname, f"sizes.{sname}", "size names")
             extra = set(over) - {*_SECTIONS, "runs"}
             if extra:
                 raise ValueError(f"sizes.{sname}: unknown key(s) {sorted(extra)}; allowed: {', '.join(_SECTIONS)}, runs")
             unknown_runs = set(over.get("runs", {})) - set(names)
             if unknown_runs:
                 raise ValueError(f"sizes.{sname}.runs: unknown run(s) {sorted(unknown_runs)}; runs are {names}")
-        for i, spec in enumerate(self.suites):
-            if "suite" not in spec:
-                raise ValueError(f"suites[{i}]: needs a 'suite' key")
-        keys = [(s.get("suite"), s.get("name")) for s in self.suites]
-        if len(set(keys)) != len(keys):
-            raise ValueError("suites: two entries of the same suite need different `name`s")
         # a sweep point names its run (name@lr=0.003): the reference may be a run or one of its points
         if self.reference is not None and self.runs and self.reference.split("@")[0] not in names:
             raise ValueError(f"reference: {self.reference!r} is not a run name; runs are {names}")
         self._check_sweep()
+        for key in self.overrides:
+            check_run_key(key, self.sweep)
         return self
+
+    def _check_names(self) -> list[str]:
+        """Every [[runs]] and [[suites]] name: present where needed, valid, unique. Returns the run names."""
+        names = [r.get("name") for r in self.runs]
+        for i, n in enumerate(names):
+            if n is None:
+                raise ValueError(f"runs[{i}]: every [[runs]] entry needs a name")
+            check_name(n, f"runs[{i}].name", "run names")
+        folded = [n.lower() for n in names]  # run folders: one on a case-insensitive file system
+        dup = {n for n in names if folded.count(n.lower()) > 1}
+        if dup:
+            raise ValueError(f"runs: duplicate run names (ignoring case) {sorted(dup)}")
+        for i, spec in enumerate(self.suites):
+            if "suite" not in spec:
+                raise ValueError(f"suites[{i}]: needs a 'suite' key")
+            if "name" in spec:
+                check_name(spec["name"], f"suites[{i}].name", "suite names")
+        keys = [(s.get("suite"), s.get("name")) for s in self.suites]
+        if len(set(keys)) != len(keys):
+            raise ValueError("suites: two entries of the same suite need different `name`s")
+        return names
 
     def _check_sweep(self):
         for key, values in self.sweep.items():
@@ -274,7 +299,8 @@ class ExperimentConfig(Strict):
         return self._expand(self.seeds, [k for k in self.sweep if k not in self.tune.keys], chosen)
 
     def _bases(self) -> list[tuple[str, str, dict]]:
-        """(error prefix, name, sections) of every [[runs]] entry merged over the base, at this size."""
+        """(error prefix, name, sections) of every [[runs]] entry: the base sections < the entry < the size table
+        (its per-run entries last) < ``overrides`` (--set)."""
         base = {k: getattr(self, k) for k in _SECTIONS}
         size = self.sizes.get(self.size, {}) if self.size is not None else {}
         base = deep_merge(base, {k: v for k, v in size.items() if k != "runs"})
@@ -284,7 +310,10 @@ class ExperimentConfig(Strict):
             if extra:
                 raise ConfigError(f"runs[{i}] ({spec['name']}): unknown key(s) {sorted(extra)}; allowed: name, {', '.join(_SECTIONS)}")
             merged = deep_merge(base, {k: v for k, v in spec.items() if k in _SECTIONS})
-            out.append((f"runs[{i}]", spec["name"], deep_merge(merged, size.get("runs", {}).get(spec["name"], {}))))
+            merged = deep_merge(merged, size.get("runs", {}).get(spec["name"], {}))
+            for key, value in self.overrides.items():  # --set: last, over the size table
+                merged = deep_merge(merged, nested(key, value))
+            out.append((f"runs[{i}]", spec["name"], merged))
         return out
 
     def _points(self, keys: list[str]) -> list[dict[str, Any]]:
@@ -330,72 +359,6 @@ def _has_field(node, path: list[str]) -> bool:
     return True
 
 
-def flatten_keys(table: dict, prefix: str = "") -> dict[str, Any]:
-    """``train.lr = [...]`` in a TOML table reads as {"train": {"lr": [...]}}: the same as {"train.lr": [...]}."""
-    out = {}
-    for k, v in table.items():
-        key = f"{prefix}.{k}" if prefix else str(k)
-        out.update(flatten_keys(v, key) if isinstance(v, dict) else {key: v})
-    return out
-
-
-def key_labels(keys: list[str]) -> dict[str, str]:
-    """Each swept key's label in run names: its shortest dotted suffix that no other swept key ends with
-    (train.lr -> lr; model.mixer.window -> window), in the order of the sweep."""
-    out = {}
-    for key in keys:
-        parts = key.split(".")
-        for n in range(1, len(parts) + 1):
-            suffix = ".".join(parts[-n:])
-            if not any(o != key and (o == suffix or o.endswith("." + suffix)) for o in keys):
-                out[key] = suffix
-                break
-    return out
-
-
-def value_label(key: str, value) -> str:
-    """A swept value as it appears in run names: booleans true/false, integers as written, floats as Python's
-    shortest round-trip repr (0.003, 1e-06), names as they are."""
-    if isinstance(value, (bool, int)):
-        return str(value).lower()
-    if isinstance(value, float):
-        return repr(value)
-    if isinstance(value, str) and re.fullmatch(_NAME, value):
-        return value
-    raise ConfigError(f"sweep.{key}: {value!r} cannot name a run; swept values are numbers, booleans or names of "
-                      "letters, digits and _ . + - (sweep tables through [[runs]] entries)")
-
-
-def sweep_name(name: str, point: dict[str, Any], labels: dict[str, str]) -> str:
-    """``name@label=value,...`` over the swept keys of ``point`` in the sweep's order; ``name`` for no point."""
-    parts = [f"{label}={value_label(key, point[key])}" for key, label in labels.items() if key in point]
-    return f"{name}@{','.join(parts)}" if parts else name
-
-
-def set_key(data: dict, key: str, value) -> dict:
-    """``data`` (copied) with the dotted ``key`` set to ``value``."""
-    out = copy.deepcopy(data)
-    node = out
-    for part in key.split(".")[:-1]:
-        if not isinstance(node.setdefault(part, {}), dict):
-            raise ConfigError(f"sweep: {key!r}: {part!r} is not a table")
-        node = node[part]
-    node[key.split(".")[-1]] = value
-    return out
-
-
-def deep_merge(base: dict, over: dict) -> dict:
-    """Recursive merge. A table whose ``name`` changes (e.g. a different mixer) replaces the base table
-    instead of merging, so one mixer's knobs never leak into another's config."""
-    out = copy.deepcopy(base)
-    for k, v in over.items():
-        if isinstance(v, dict) and isinstance(out.get(k), dict) and not ("name" in v and v["name"] != out[k].get("name")):
-            out[k] = deep_merge(out[k], v)
-        else:
-            out[k] = copy.deepcopy(v)
-    return out
-
-
 def validate_run(data: dict, prefix: str = "") -> RunConfig:
     try:
         return RunConfig.model_validate(data)
@@ -405,33 +368,61 @@ def validate_run(data: dict, prefix: str = "") -> RunConfig:
         raise ConfigError(f"{prefix}: {e}" if prefix else str(e)) from None
 
 
-def parse_override(item: str) -> tuple[list[str], Any]:
-    """``a.b.c=value`` -> (["a", "b", "c"], value); the value is parsed as a TOML value, else kept as a string."""
-    if "=" not in item:
-        raise ConfigError(f"--set {item!r}: expected KEY=VALUE, e.g. train.steps=100")
-    key, raw = item.split("=", 1)
-    try:
-        value = tomllib.loads(f"v = {raw}")["v"]
-    except tomllib.TOMLDecodeError:
-        value = raw
-    return key.strip().split("."), value
-
-
 def apply_overrides(data: dict, overrides: list[str]) -> dict:
-    data = copy.deepcopy(data)
+    """``data`` (copied) with every ``key=value`` of ``overrides`` set where its dotted key points."""
     for item in overrides:
         path, value = parse_override(item)
-        node = data
-        for p in path[:-1]:
-            if not isinstance(node.setdefault(p, {}), dict):
-                raise ConfigError(f"--set {item!r}: {p!r} is not a table")
-            node = node[p]
-        node[path[-1]] = value
+        data = set_key(data, ".".join(path), value, what=f"--set {item!r}")
     return data
 
 
+def _field_type(annotation):
+    """``X`` of ``X | None``."""
+    union = get_origin(annotation) in (Union, types.UnionType)
+    arms = [a for a in get_args(annotation) if a is not type(None)] if union else []
+    return arms[0] if len(arms) == 1 else annotation
+
+
+def check_run_key(key: str, sweep: dict[str, Any] | None = None) -> None:
+    """A --set key of a run's config (``train.steps``): it must name a field, and not a swept one (its values are
+    in [sweep]). A mixer's knobs are checked against that mixer when each run is validated."""
+    parts, node = key.split("."), RunConfig
+    if parts[0] not in _SECTIONS or len(parts) < 2:
+        raise ConfigError(f"--set {key}: not a run config key (a field of {', '.join(_SECTIONS)}, e.g. train.steps)")
+    for i, part in enumerate(parts):
+        if not (isinstance(node, type) and issubclass(node, Strict)):
+            if node is Any or get_origin(node) is dict:
+                break  # free keys: domain weights; a mixer's table (checked against its mixer)
+            raise ConfigError(f"--set {key}: {'.'.join(parts[:i])} is a value, not a table")
+        if part not in node.model_fields:
+            raise ConfigError(f"--set {key}: {'.'.join(parts[:i + 1])!r} matches no config field; "
+                              f"{'.'.join(parts[:i]) or 'a run'} has: {', '.join(node.model_fields)}")
+        node = _field_type(node.model_fields[part].annotation)
+    for swept in sweep or {}:
+        if key == swept or key.startswith(swept + ".") or swept.startswith(key + "."):
+            raise ConfigError(f"--set {key}: {swept} is swept; set its values with --set sweep.{swept}=[...]")
+
+
+def _split_overrides(overrides: list[str]) -> tuple[list[str], dict[str, Any]]:
+    """(--set items of the experiment's own keys (size, seeds, sweep...), run config key -> value)."""
+    top, runs = [], {}
+    for item in overrides:
+        path, value = parse_override(item)
+        if path[0] in _SECTIONS:
+            runs[".".join(path)] = value
+        elif path[0] in ExperimentConfig.model_fields and path[0] != "overrides":
+            top.append(item)
+        else:
+            allowed = [k for k in ExperimentConfig.model_fields if k not in (*_SECTIONS, "overrides")]
+            raise ConfigError(f"--set {item!r}: {path[0]!r} matches no config field; a run's keys start with "
+                              f"{', '.join(s + '.' for s in _SECTIONS)}; the experiment's are {', '.join(allowed)}")
+    return top, runs
+
+
 def load_experiment(path: str | Path, overrides: list[str] | None = None) -> ExperimentConfig:
-    """Read and validate an experiment TOML; ``overrides`` (``a.b=c``) apply to the base sections."""
+    """Read and validate an experiment TOML. ``overrides`` (``a.b=c``, from --set) win over everything in the file:
+    a run config key (``train.steps``) applies to every run after its size table, any other key (``size``,
+    ``seeds``, ``sweep.train.lr``) to the experiment itself."""
     path = Path(path)
     if not path.exists():
         raise ConfigError(f"experiment file not found: {path}")
@@ -439,8 +430,17 @@ def load_experiment(path: str | Path, overrides: list[str] | None = None) -> Exp
         data = tomllib.loads(path.read_text())
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{path}: not valid TOML: {e}") from None
+    if "name" not in data and name_problem(path.stem):
+        raise ConfigError(f"{path}: name: the experiment is named after its file, and {name_problem(path.stem)}; "
+                          "set name = \"...\" in the file")
     data.setdefault("name", path.stem)
-    data = apply_overrides(data, overrides or [])
+    if "overrides" in data:
+        raise ConfigError(f"{path}: overrides: set with --set on the command line, not in the file")
+    top, runs = _split_overrides(overrides or [])
+    data = apply_overrides(data, top)
+    for key in runs:
+        check_run_key(key)
+    data["overrides"] = runs
     try:
         exp = ExperimentConfig.model_validate(data)
     except ValidationError as e:

@@ -8,17 +8,14 @@ in ``basecap/data/recipes/*.toml``; ``load_recipe`` takes a built-in name or a p
 from __future__ import annotations
 
 import os
-import re
 import tomllib
 from importlib import resources
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import Discriminator, Field, Tag, ValidationError, model_validator
+from pydantic import Discriminator, Field, Tag, ValidationError, field_validator, model_validator
 
-from ..config_base import ConfigError, Strict, format_validation_error
-
-DOMAIN_NAME = r"^[a-z0-9][a-z0-9_\-]*$"
+from ..config_base import ConfigError, Strict, check_name, format_validation_error
 SPLITS = ("train", "validation", "test")
 
 
@@ -185,7 +182,7 @@ class BuildConfig(Strict):
 
 
 class RecipeConfig(Strict):
-    name: str = Field(pattern=DOMAIN_NAME)
+    name: str
     description: str = ""
     domains: dict[str, DomainConfig]
     sources: list[Source]
@@ -193,13 +190,20 @@ class RecipeConfig(Strict):
     tokenizer: TokenizerConfig = BPETokenizerConfig()
     build: BuildConfig = BuildConfig()
 
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v):
+        return check_name(v, "name", "recipe names")
+
     @model_validator(mode="after")
     def _consistent(self):
         if not self.domains:
             raise ValueError("a recipe needs at least one domain")
         for d in self.domains:
-            if not re.match(DOMAIN_NAME, d):
-                raise ValueError(f"domain name {d!r} must match {DOMAIN_NAME} (it names files)")
+            check_name(d, f"domains.{d}", "domain names")  # a domain names its token files
+        folded = [d.lower() for d in self.domains]
+        if len(set(folded)) != len(folded):
+            raise ValueError(f"domains: names that differ only in case name the same files on some systems: {sorted(self.domains)}")
         fed = set()
         names = set()
         for i, s in enumerate(self.sources):
