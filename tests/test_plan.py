@@ -1,4 +1,6 @@
 import json
+import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -159,3 +161,42 @@ def test_sweep_points_and_both_tune_phases_are_counted(tmp_path, tiny_recipe_pat
     deep = sweep.replace("train.lr = [1e-3, 2e-3]", "model.n_layers = [1, 2]") + '[tune]\nkeys = ["model.n_layers"]\nseeds = [100]\n'
     rows = plan_experiment(_write(tmp_path, deep), gpus=1)
     assert all(any("sized at the first tuned value" in i for i in r["issues"]) for r in rows if r["phase"] == "comparison")
+
+
+def test_plan_columns_never_touch(tmp_path, tiny_recipe_path):
+    """Every row splits into the header's columns on runs of 2+ spaces (no 'yes0.00092 s')."""
+    sweep = TINY.format(recipe=tiny_recipe_path) + "[sweep]\ntrain.lr = [1e-3, 2e-3]\n[tune]\nkeys = [\"train.lr\"]\nseeds = [100]\n"
+    text = format_plan(plan_experiment(_write(tmp_path, sweep), ["train.steps=1"], gpus=1))
+    lines = text.splitlines()
+    head = lines.index(next(line for line in lines if line.startswith("run ")))
+    columns = re.split(r" {2,}", lines[head].strip())
+    assert columns[-3:] == ["mem/GPU", "fits", "time"] and len(columns) == 12
+    rows = [line for line in lines[head + 1:lines.index("", head)] if not line.startswith("-- ")]
+    assert len(rows) == 6 and all(len(re.split(r" {2,}", row.strip())) == len(columns) for row in rows)
+    assert all(re.search(r"  yes  +[0-9.e-]+ s$", row) for row in rows)
+
+
+SIZED = TINY.replace('name = "tiny_plan"', 'name = "tiny_plan"\nsize = "tiny"') + """
+[sizes.tiny]
+train = {{ steps = 120, warmup_steps = 5 }}
+[sizes.tiny.runs.dn]
+train = {{ steps = 130 }}
+"""
+
+
+def test_set_wins_over_the_size_table(tmp_path, tiny_recipe_path):
+    path = _write(tmp_path, SIZED.format(recipe=tiny_recipe_path))
+    steps = {r["run"]: r["steps"] for r in plan_experiment(path, gpus=1)}
+    assert steps == {"tpp": 120, "dn": 130}  # the size table (and its per-run entry) over the base
+    rows = plan_experiment(path, ["train.steps=50"], gpus=1)
+    assert {r["run"]: (r["steps"], r["total_tokens"]) for r in rows} == {"tpp": (50, 50 * 16 * 64), "dn": (50, 50 * 16 * 64)}
+    with pytest.raises(ConfigError, match=r"--set train\.stepz: 'train\.stepz' matches no config field"):
+        plan_experiment(path, ["train.stepz=50"], gpus=1)
+
+
+def test_set_wins_in_the_paper_experiment():
+    from basecap.config import load_experiment
+
+    exp = load_experiment(Path(__file__).parents[1] / "experiments/paper/architectures.toml", ["train.steps=50"])
+    assert exp.size is not None and exp.sizes[exp.size]["train"]["steps"] != 50
+    assert {rc.train.steps for rc in exp.resolve()} == {50}

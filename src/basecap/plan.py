@@ -228,29 +228,41 @@ def _phase_line(phase: str, rows: list[dict]) -> str:
     return f"-- {phase} phase ({what}): {runs} trainings, {_n(tokens)} tokens, {_duration(hours)}"
 
 
+COLUMNS = ("run", "mixer", "params", "non-emb", "fwd/tok", "train/tok", "tok/step", "tokens", "ubatch", "mem/GPU", "fits", "time")
+_LEFT = {"run", "mixer", "fits"}  # text columns; numbers align right
+
+
+def _cells(r: dict) -> list[str]:
+    """One plan row's cells, in the order of COLUMNS."""
+    seeds = f" x{r['seeds']}" if r["seeds"] > 1 else ""
+    return [r["run"] + seeds, r["mixer"], _n(r["params_total"]), _n(r["params_non_embedding"]), _n(r["fwd_flops_per_token"]),
+            _n(r["train_flops_per_token"]), _n(r["tokens_per_step"]), _n(r["total_tokens"]), f"{r['micro_batch_per_gpu']:.3g}",
+            f"{r['memory_gib']['total']:.1f} GiB", "yes" if r["fits"] else "NO", _duration(r["est_hours"])]
+
+
+def _line(cells: list[str], widths: list[int]) -> str:
+    """Cells padded to their column's width, two spaces apart, so no two columns ever touch."""
+    return "  ".join(c.ljust(w) if name in _LEFT else c.rjust(w) for c, w, name in zip(cells, widths, COLUMNS)).rstrip()
+
+
 def format_plan(rows: list[dict], as_json: bool = False) -> str:
     if as_json:
         return json.dumps(rows, indent=1)
     if not rows:
         return "no runs"
     r0 = rows[0]
-    w = max(20, *(len(f"{r['run']} x{r['seeds']}") + 1 for r in rows))  # sweep points name their runs at length
-    head = (f"{'run':<{w}}{'mixer':<15}{'params':>8}{'non-emb':>9}{'fwd/tok':>9}{'train/tok':>10}{'tok/step':>9}"
-            f"{'tokens':>8}{'ubatch':>7}{'mem/GPU':>9}{'fits':>6}{'time':>10}")
+    cells = [_cells(r) for r in rows]
+    widths = [max(len(col), *(len(c[i]) for c in cells)) for i, col in enumerate(COLUMNS)]
     lines = [(f"plan: {r0['gpus']} x {r0['gpu']} ({r0['peak_tflops']:.0f} bf16 TFLOP/s peak, MFU {r0['mfu']:.2f}), "
-             f"{r0['parallel'].upper()}; FLOPs per token at each run's seq_len, training = 3 x forward"), "", head]
+             f"{r0['parallel'].upper()}; FLOPs per token at each run's seq_len, training = 3 x forward"), "", _line(list(COLUMNS), widths)]
     total_h, phase = 0.0, None
-    for r in rows:
+    for r, row in zip(rows, cells):
         if r.get("phase") != phase:
             phase = r["phase"]
             lines.append(_phase_line(phase, [x for x in rows if x.get("phase") == phase]))
-        m = r["memory_gib"]
         total_h += r["est_hours"] * r["seeds"]
-        seeds = f" x{r['seeds']}" if r["seeds"] > 1 else ""
-        lines.append(f"{r['run'] + seeds:<{w}}{r['mixer'][:14]:<15}{_n(r['params_total']):>8}{_n(r['params_non_embedding']):>9}"
-                     f"{_n(r['fwd_flops_per_token']):>9}{_n(r['train_flops_per_token']):>10}{_n(r['tokens_per_step']):>9}"
-                     f"{_n(r['total_tokens']):>8}{r['micro_batch_per_gpu']:>7.3g}{m['total']:>7.1f}Gi{'yes' if r['fits'] else 'NO':>6}"
-                     f"{_duration(r['est_hours']):>10}")
+        lines.append(_line(row, widths))
+    w = widths[0] + 2
     lines += ["", "memory per GPU (GiB) = model states + comm buffers + activations (one micro-batch, bf16) + reserve:"]
     for r in rows:
         m = r["memory_gib"]
