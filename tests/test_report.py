@@ -1,5 +1,6 @@
 import json
 import zlib
+from html.parser import HTMLParser
 
 import numpy as np
 import pytest
@@ -174,3 +175,64 @@ def test_old_runs_get_their_baseline_from_the_corpus(tmp_path, tiny_corpus):
     info["corpus"]["dir"] = "not-built-here"
     (d / "run.json").write_text(json.dumps(info))
     assert run_unigram(load_run(d)) is None
+
+
+class _Page(HTMLParser):
+    """The tags, attributes and text of an HTML page, as a browser's parser reads them."""
+
+    def __init__(self, text: str):
+        super().__init__()
+        self.tags, self.attrs, self.text = [], [], []
+        self.feed(text)
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.append(tag)
+        self.attrs += attrs
+
+    def handle_data(self, data):
+        self.text.append(data)
+
+
+def test_html_escapes_every_name_and_loads_nothing(tmp_path):
+    img, script, bold = "<img src=x onerror=alert(1)>", "<script>alert(1)</script>", "<b onmouseover=alert(2)>code</b>"
+    dirs = [fake_run(tmp_path, n, s, off) for n, off in (("ref", 1.0), (img, 1.3)) for s in (0, 1)]
+    for d in dirs:  # a held-out domain, a suite and a task named with markup, read back from the run folders
+        lines = [json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines()]
+        for rec in lines:
+            if rec["kind"] == "eval":
+                rec["domains"][bold] = rec["domains"].pop("code")
+        (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+        (d / "suite_x").mkdir()
+        (d / "suite_x" / "eval_mqar.json").write_text(json.dumps({"suite": "mqar" + script, "runs": [
+            {"d_model": 8, "acc": {"1": 0.5}, "mean_acc": 0.5, "state_bytes": 10, "seed": 0}]}))
+        (d / "eval_lm-eval.json").write_text(json.dumps({"suite": "lm-eval", "summary": {script: {"acc": 0.3}}}))
+    speed = tmp_path / "speed.json"
+    speed.write_text(json.dumps({"meta": {"d_model": 8, "threads": 1}, "results": {
+        script: {"ok": True, "train_s": {"512": 0.1}, "decode_ms": {"1024": 1.0}}}}))
+    tuning = tmp_path / "tuning.json"
+    tuning.write_text(json.dumps({"keys": ["train.lr"], "seeds": [100], "runs": {img: {
+        "tried": [{"name": img + "@lr=1", "values": {"train.lr": script}, "losses": {"100": 3.0}, "mean": 3.0}],
+        "chosen": {"train.lr": script}, "chosen_name": img + "@lr=1"}}}))
+    report(dirs, tmp_path / "rep", reference="ref", speed_json=speed, tuning_json=tuning)
+    html = (tmp_path / "rep" / "report.html").read_text()
+    page = _Page(html)
+    assert "script" not in page.tags and set(page.tags) <= {"html", "head", "meta", "title", "style", "body", "h1", "h2", "p",
+                                                           "table", "tr", "th", "td", "strong", "code", "img"}
+    assert not [name for name, _ in page.attrs if name.startswith("on")]
+    sources = [value for name, value in page.attrs if name in ("src", "href")]
+    assert sources and all(v.startswith("data:image/png;base64,") for v in sources)  # no external URL
+    assert page.tags.count("img") == len(list((tmp_path / "rep").glob("*.png")))
+    text = "".join(page.text)
+    for name in (img, script, bold):
+        assert name in text and html.count(name) == 0  # shown as text, never as markup
+    assert "&lt;img src=x onerror=alert(1)&gt;" in html
+    assert [p.name for p in (tmp_path / "rep").glob("recall_vs_state_*")] == ["recall_vs_state_mqar_script_alert_1_script_x.png"]
+
+
+def test_markdown_inline_spans_become_text_spans():
+    from basecap.report.page import blocks, inline
+
+    assert inline("a **<b>** and `x<y`") == [("text", "a "), ("strong", "<b>"), ("text", " and "), ("code", "x<y")]
+    got = blocks("# T <i>\n\n| a | **b** |\n|---|---|\n| 1 | <2> |\n![p](p.png)\n> **warn** x\ntext")
+    assert [b["kind"] for b in got] == ["heading", "table", "warn", "para"]
+    assert got[1]["head"] == [[("text", "a")], [("strong", "b")]] and got[1]["rows"] == [[[("text", "1")], [("text", "<2>")]]]

@@ -12,7 +12,6 @@ Definitions: docs/metrics.md.
 
 from __future__ import annotations
 
-import base64
 import statistics
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -22,6 +21,7 @@ import numpy as np
 
 from ..rundir import RunDir, atomic_write, write_json
 from .baselines import NEAR_UNIGRAM_NATS, run_unigram, unigram_in_domain
+from .page import render_html
 from .stats import SMOOTH, RunCurves, apply_holm, build_comparisons, matched_endpoints
 from .summary import build_summary, study_of
 
@@ -300,52 +300,10 @@ def _num(v: float | None, p: int = 3) -> str:
     return "-" if v is None else f"{v:.{p}f}"
 
 
-def _bold(text: str) -> str:
-    """Markdown **bold** as HTML."""
-    parts = text.split("**")
-    return "".join(f"<strong>{p}</strong>" if i % 2 else p for i, p in enumerate(parts))
-
-
-def _html(md: str, images: list[Path]) -> str:
-    body = []
-    in_table = False
-    for line in md.splitlines():
-        if line.startswith("|"):
-            cells = [c.strip() for c in line.strip("|").split("|")]
-            if set("".join(cells)) <= set("-"):
-                continue
-            tag = "th" if not in_table else "td"
-            if not in_table:
-                body.append("<table>")
-                in_table = True
-            body.append("<tr>" + "".join(f"<{tag}>{c}</{tag}>" for c in cells) + "</tr>")
-            continue
-        if in_table:
-            body.append("</table>")
-            in_table = False
-        if line.startswith("!["):
-            continue
-        if line.startswith("#"):
-            level = len(line) - len(line.lstrip("#"))
-            body.append(f"<h{level}>{line.lstrip('#').strip()}</h{level}>")
-        elif line.startswith("> "):
-            body.append(f"<p class='warn'>{_bold(line[2:])}</p>")
-        elif line.strip():
-            body.append(f"<p>{line}</p>")
-    if in_table:
-        body.append("</table>")
-    for img in images:
-        data = base64.b64encode(img.read_bytes()).decode()
-        body.append(f'<p><img alt="{img.stem}" src="data:image/png;base64,{data}"></p>')
-    style = ("body{font-family:sans-serif;max-width:1100px;margin:2em auto}table{border-collapse:collapse}"
-             "td,th{border:1px solid #bbb;padding:3px 8px;font-size:13px}img{max-width:100%}"
-             ".warn{border-left:5px solid #c0392b;background:#fdecea;padding:6px 10px}")
-    return f"<!doctype html><html><head><meta charset='utf-8'><title>basecap report</title><style>{style}</style></head><body>{''.join(body)}</body></html>"
-
-
 def report(run_dirs: list[str | Path], out_dir: str | Path, reference: str | None = None, smooth: int = SMOOTH,
            speed_json: str | Path | None = None, tuning_json: str | Path | None = None) -> Path:
-    """Write report.md, report.html (self-contained), summary.json and PNG plots into ``out_dir``;
+    """Write report.md, report.html (self-contained, every text escaped: ``report.page``), summary.json and PNG
+    plots into ``out_dir``;
     returns the path of report.md. ``tuning_json``: a tune experiment's choice, shown before the comparison."""
     runs = [load_run(d) for d in run_dirs]
     if not runs:
@@ -368,6 +326,6 @@ def report(run_dirs: list[str | Path], out_dir: str | Path, reference: str | Non
 
         md, images = add_sweep_section(md, images, tuning_json, out)
     atomic_write(out / "report.md", md)
-    atomic_write(out / "report.html", _html(md, images))
+    atomic_write(out / "report.html", render_html(md, images))
     write_json(out / "summary.json", build_summary(summary, runs, *study_of([r.dir for r in runs])), allow_nan=False)
     return out / "report.md"

@@ -5,6 +5,7 @@ and training / decoding speed against sequence length (from ``basecap bench mixe
 from __future__ import annotations
 
 import json
+import re
 import statistics
 from collections import defaultdict
 from pathlib import Path
@@ -38,6 +39,11 @@ def collect(runs) -> dict[str, dict[str, list[dict]]]:
             label = res["suite"] + (f" ({entry})" if entry is not None else "")
             found[label][r.name].append(res)
     return found
+
+
+def _file_part(label: str) -> str:
+    """A suite label read from a result file as part of a file name: "mqar (wide)" -> "mqar_wide" (no path)."""
+    return re.sub(r"[^A-Za-z0-9_.+-]+", "_", label).strip("_.") or "suite"
 
 
 def _mqar(label, per_run, out: Path):
@@ -84,7 +90,7 @@ def _mqar(label, per_run, out: Path):
                title="Recall against state size")
         ax.legend(fontsize=7)
         fig.tight_layout()
-        img = out / f"recall_vs_state_{label.split()[0]}.png"
+        img = out / f"recall_vs_state_{_file_part(label)}.png"
         fig.savefig(img, dpi=110)
         plt.close(fig)
     return lines, img
