@@ -171,3 +171,87 @@ def test_experiment_resolution_checks_suites_and_matches(tmp_path):
         resolve_experiment(write(tmp_path, text + '\n[[suites]]\nsuite = "mqar"\nstepz = 3\n'))
     with pytest.raises(ConfigError, match="unknown suite 'nope'"):
         resolve_experiment(write(tmp_path, text + '\n[[suites]]\nsuite = "nope"\n'))
+
+
+@pytest.mark.parametrize("override, message", [
+    ("train.steps=true", r"train\.steps: a boolean is not a number \(got True\)"),
+    ("eval.every=false", r"eval\.every: a boolean is not a number \(got False\)"),
+    ("model.mixer.window=true", r"model\.mixer\.window: a boolean is not a number"),
+    ("data.train_weights={prose=true}", r"data\.train_weights: a boolean is not a number"),
+    ("train.lr=inf", r"train\.lr: Input should be a finite number \(got inf\)"),
+    ("train.lr=nan", r"train\.lr: Input should be a finite number \(got nan\)"),
+    ("data.train_weights={prose=inf}", r"data\.train_weights\.prose: Input should be a finite number"),
+    ("train.betas=[0.9, 1.5]", r"train\.betas\.1: Input should be less than 1 \(got 1\.5\)"),
+    ("train.betas=[-0.1, 0.9]", r"train\.betas\.0: Input should be greater than or equal to 0"),
+    ("train.weight_decay=-0.1", r"train\.weight_decay: Input should be greater than or equal to 0"),
+    ("train.grad_clip=-1", r"train\.grad_clip: Input should be greater than or equal to 0"),
+    ("train.steps=1000000000", r"train\.steps: Input should be less than or equal to 100000000"),
+    ("train.batch_size=0", r"train\.batch_size: Input should be greater than 0"),
+    ("data.seq_len=2000000", r"data\.seq_len: Input should be less than or equal to 1048576"),
+    ("model.d_model=100000", r"model\.d_model=100000 is over 65536"),
+    ("model.n_layers=5000", r"model\.n_layers=5000 is over 1024"),
+    ("train.warmup_steps=10", r"warmup_steps=10 must be < steps=10"),
+])
+def test_loose_values_are_rejected_with_their_key(tmp_path, override, message):
+    with pytest.raises(ConfigError, match=message):
+        load_experiment(write(tmp_path, EXP), [override])
+
+
+def test_strict_values_hold_for_every_config():
+    from basecap.config import DataConfig, TrainConfig
+
+    with pytest.raises(ValueError, match="finite"):
+        TrainConfig(peak_flops=float("inf"))
+    with pytest.raises(ValueError, match="boolean"):
+        TrainConfig(steps=True)
+    t = TrainConfig()
+    with pytest.raises(ValueError, match="boolean"):
+        t.steps = True  # assignments are validated too
+    with pytest.raises(ValueError, match="finite"):
+        DataConfig(train_weights={"prose": float("nan")})
+    assert TrainConfig(lr=1, betas=[0, 0.5]).betas == (0.0, 0.5)  # an integer is a number; a TOML list is a pair
+    assert TrainConfig(compile=True).compile is True  # booleans where booleans belong
+
+
+SIZED = EXP.replace('name = "t"', 'name = "t"\nsize = "tiny"').replace(
+    'model.mixer = {name = "attention", position = "alibi"}', 'model.mixer = {name = "attention", position = "alibi"}\ntrain.steps = 12') + """
+[sizes.tiny]
+train = {steps = 5, warmup_steps = 1}
+[sizes.tiny.runs.b]
+train = {steps = 7}
+"""
+
+
+def test_precedence_base_runs_size_then_set(tmp_path):
+    from basecap.experiment import resolve_experiment
+
+    p = write(tmp_path, SIZED)
+    assert {r.name: r.train.steps for r in load_experiment(p).resolve()} == {"a": 5, "b": 7}
+    exp, runs = resolve_experiment(p, ["train.steps=50"])
+    assert {r.train.steps for r in runs} == {50} and {r.train.steps for r in exp.resolve()} == {50}
+    assert exp.model_dump()["overrides"] == {"train.steps": 50}  # recorded in experiment.json
+    runs = load_experiment(p, ["model.mixer.name=mamba2", "seeds=[3]"]).resolve()
+    assert [(r.run_id, r.model.mixer.name) for r in runs] == [("a-s3", "mamba2"), ("b-s3", "mamba2")]  # b's alibi knob is dropped
+    swept = load_experiment(p, ["sweep.train.lr=[0.001, 0.002]"]).run_configs()
+    assert [r.name for r in swept][:2] == ["a@lr=0.001", "a@lr=0.002"] and swept[1].train.lr == 0.002
+
+
+@pytest.mark.parametrize("override, message", [
+    ("train.stepz=5", r"--set train\.stepz: 'train\.stepz' matches no config field; train has: steps, batch_size"),
+    ("stepz=5", r"--set 'stepz=5': 'stepz' matches no config field; a run's keys start with data\., model\."),
+    ("train.steps.x=5", r"--set train\.steps\.x: train\.steps is a value, not a table"),
+    ("train=5", r"--set train: not a run config key"),
+    ("overrides={}", r"'overrides' matches no config field"),
+    ("model.mixer.d_state=16", r"model\.mixer\.d_state: unknown key"),  # a knob of another mixer
+])
+def test_a_set_key_that_matches_nothing_is_named(tmp_path, override, message):
+    with pytest.raises(ConfigError, match=message):
+        load_experiment(write(tmp_path, SIZED), [override])
+
+
+def test_set_on_a_swept_key_points_to_the_sweep(tmp_path):
+    p = write(tmp_path, SIZED + "[sweep]\ntrain.lr = [0.001, 0.002]\n")
+    with pytest.raises(ConfigError, match=r"--set train\.lr: train\.lr is swept; set its values with --set sweep\.train\.lr="):
+        load_experiment(p, ["train.lr=0.01"])
+    with pytest.raises(ConfigError, match=r"overrides: set with --set"):
+        load_experiment(write(tmp_path, SIZED.replace('name = "t"', 'name = "t"\noverrides = {}')))
