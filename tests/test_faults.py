@@ -725,6 +725,50 @@ def test_kill_9_at_random_points_of_a_corpus_build_then_resume_byte_for_byte(bui
                      f"{len(want)} files, SHA-256 equal")
 
 
+def gone(pid: int) -> bool:
+    """Whether a process (not our child) has exited: no longer listed, or a zombie waiting for its new parent."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return True
+
+
+def test_kill_9_of_a_parallel_build_leaves_no_worker_behind_and_resumes_byte_for_byte(build_ref):
+    """Two tokenising processes: the build is killed once the first unit is in; its workers exit on their own."""
+    root, recipe, ref_corpus, _, _ = build_ref
+    home, pids = root / "killed_parallel", root / "workers.pid"
+    real_pool = tokenize_mod._pool
+
+    @contextlib.contextmanager
+    def pool(*a, **k):
+        with real_pool(*a, **k) as p:
+            pids.write_text(" ".join(str(w.pid) for w in p._pool))
+            yield p
+
+    def child():
+        os.dup2(os.open(os.devnull, os.O_WRONLY), 2)  # the orphaned workers' broken-pipe tracebacks
+        tokenize_mod._pool, tokenize_mod._committed = pool, lambda unit: die()
+        build_corpus(recipe, home=home, log=quiet, workers=2)
+
+    assert in_child(child) == -signal.SIGKILL
+    workers = [int(w) for w in pids.read_text().split()]
+    deadline = time.monotonic() + 30
+    while not all(gone(w) for w in workers) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    left = [w for w in workers if not gone(w)]
+    for w in left:
+        os.kill(w, signal.SIGKILL)
+    assert not left, f"tokenising workers {left} outlived the killed build"
+    assert len(list((home / "corpora" / f".tmp-{ref_corpus.dir.name}" / "work" / "units").glob("*.npz"))) >= 1
+    corpus = build_corpus(recipe, home=home, log=quiet, workers=2)
+    want, got = file_digests(ref_corpus.dir), file_digests(corpus.dir)
+    assert got == want
+    FIGURES.add("corpus build: kill -9 with 2 tokenising workers", faults=1, resumes=1, exact=1,
+                bytes_lost=sum(size for f, (digest, size) in want.items() if got.get(f, ("", 0))[0] != digest),
+                note=f"both workers exited by themselves within {30 - (deadline - time.monotonic()):.1f} s; the resume "
+                     "with 2 workers equals the 1-worker build")
+
+
 def tar_gz(members: dict[str, bytes]) -> bytes:
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w:gz") as tf:
