@@ -230,18 +230,22 @@ def test_precedence_base_runs_size_then_set(tmp_path):
     exp, runs = resolve_experiment(p, ["train.steps=50"])
     assert {r.train.steps for r in runs} == {50} and {r.train.steps for r in exp.resolve()} == {50}
     assert exp.model_dump()["overrides"] == {"train.steps": 50}  # recorded in experiment.json
-    runs = load_experiment(p, ["model.mixer.name=mamba2", "seeds=[3]"]).resolve()
-    assert [(r.run_id, r.model.mixer.name) for r in runs] == [("a-s3", "mamba2"), ("b-s3", "mamba2")]  # b's alibi knob is dropped
+    runs = load_experiment(p, ['model.mixer={name="mamba2"}', "seeds=[3]", "data.train_weights={code=1.0}"]).resolve()
+    assert [(r.run_id, r.model.mixer.name) for r in runs] == [("a-s3", "mamba2"), ("b-s3", "mamba2")]  # a table given replaces
+    assert runs[1].data.train_weights == {"code": 1.0}
+    with pytest.raises(ConfigError, match=r"(?s)runs\[1\] \(b\): model\.mixer.*position: unknown key"):
+        load_experiment(p, ["model.mixer.name=mamba2"])  # a key given sets that key: b's alibi stays, and mamba2 has no position
     swept = load_experiment(p, ["sweep.train.lr=[0.001, 0.002]"]).run_configs()
     assert [r.name for r in swept][:2] == ["a@lr=0.001", "a@lr=0.002"] and swept[1].train.lr == 0.002
 
 
 @pytest.mark.parametrize("override, message", [
-    ("train.stepz=5", r"--set train\.stepz: 'train\.stepz' matches no config field; train has: steps, batch_size"),
-    ("stepz=5", r"--set 'stepz=5': 'stepz' matches no config field; a run's keys start with data\., model\."),
+    ("train.stepz=5", r"--set train\.stepz: unknown key; train has: steps, batch_size"),
+    ("train.x.y=5", r"--set train\.x\.y: unknown key 'train\.x'; train has: steps"),
+    ("stepz=5", r"--set stepz: unknown key; a run's keys start with data\., model\."),
     ("train.steps.x=5", r"--set train\.steps\.x: train\.steps is a value, not a table"),
     ("train=5", r"--set train: not a run config key"),
-    ("overrides={}", r"'overrides' matches no config field"),
+    ("overrides={}", r"--set overrides: unknown key"),
     ("model.mixer.d_state=16", r"model\.mixer\.d_state: unknown key"),  # a knob of another mixer
 ])
 def test_a_set_key_that_matches_nothing_is_named(tmp_path, override, message):

@@ -20,7 +20,7 @@ from typing import Annotated, Any, Literal, Union, get_args, get_origin
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from .config_base import (ConfigError, Strict, check_name, deep_merge, flatten_keys, format_validation_error, key_labels,
-                          name_problem, nested, parse_override, run_name_problem, set_key, sweep_name, value_label)
+                          name_problem, parse_override, run_name_problem, set_key, sweep_name, value_label)
 from .matching import resolve as resolve_config
 from .model import ModelConfig
 from .tracking import normalize_loggers
@@ -311,8 +311,8 @@ class ExperimentConfig(Strict):
                 raise ConfigError(f"runs[{i}] ({spec['name']}): unknown key(s) {sorted(extra)}; allowed: name, {', '.join(_SECTIONS)}")
             merged = deep_merge(base, {k: v for k, v in spec.items() if k in _SECTIONS})
             merged = deep_merge(merged, size.get("runs", {}).get(spec["name"], {}))
-            for key, value in self.overrides.items():  # --set: last, over the size table
-                merged = deep_merge(merged, nested(key, value))
+            for key, value in self.overrides.items():  # --set: last, over the size table; a table given is replaced
+                merged = set_key(merged, key, value, what=f"--set {key}")
             out.append((f"runs[{i}]", spec["name"], merged))
         return out
 
@@ -395,8 +395,8 @@ def check_run_key(key: str, sweep: dict[str, Any] | None = None) -> None:
                 break  # free keys: domain weights; a mixer's table (checked against its mixer)
             raise ConfigError(f"--set {key}: {'.'.join(parts[:i])} is a value, not a table")
         if part not in node.model_fields:
-            raise ConfigError(f"--set {key}: {'.'.join(parts[:i + 1])!r} matches no config field; "
-                              f"{'.'.join(parts[:i]) or 'a run'} has: {', '.join(node.model_fields)}")
+            where = "" if i == len(parts) - 1 else f" {'.'.join(parts[:i + 1])!r}"
+            raise ConfigError(f"--set {key}: unknown key{where}; {'.'.join(parts[:i])} has: {', '.join(node.model_fields)}")
         node = _field_type(node.model_fields[part].annotation)
     for swept in sweep or {}:
         if key == swept or key.startswith(swept + ".") or swept.startswith(key + "."):
@@ -414,7 +414,7 @@ def _split_overrides(overrides: list[str]) -> tuple[list[str], dict[str, Any]]:
             top.append(item)
         else:
             allowed = [k for k in ExperimentConfig.model_fields if k not in (*_SECTIONS, "overrides")]
-            raise ConfigError(f"--set {item!r}: {path[0]!r} matches no config field; a run's keys start with "
+            raise ConfigError(f"--set {'.'.join(path)}: unknown key; a run's keys start with "
                               f"{', '.join(s + '.' for s in _SECTIONS)}; the experiment's are {', '.join(allowed)}")
     return top, runs
 

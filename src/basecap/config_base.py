@@ -174,13 +174,6 @@ def deep_merge(base: dict, over: dict) -> dict:
     return out
 
 
-def nested(key: str, value: Any) -> dict:
-    """The dotted ``key`` as nested tables: ``nested("a.b", 1) == {"a": {"b": 1}}``."""
-    for part in reversed(key.split(".")):
-        value = {part: value}
-    return value
-
-
 def set_key(data: dict, key: str, value: Any, what: str = "sweep") -> dict:
     """``data`` (copied) with the dotted ``key`` set to ``value``."""
     out = copy.deepcopy(data)
