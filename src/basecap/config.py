@@ -191,7 +191,10 @@ class ExperimentConfig(Strict):
     @field_validator("name")
     @classmethod
     def _name(cls, v):
-        return check_name(v, "name", "experiment names")
+        problem = name_problem(v, "experiment names")
+        if problem:
+            raise ValueError(problem)
+        return v
 
     @model_validator(mode="after")
     def _check(self):
@@ -199,7 +202,7 @@ class ExperimentConfig(Strict):
         if self.size is not None and self.size not in self.sizes:
             raise ValueError(f"size: {self.size!r} is not defined; allowed: {', '.join(self.sizes) or '(no [sizes.*] tables)'}")
         for sname, over in self.sizes.items():
-            check_name(sname, f"sizes.{sname}", "size names")
+            check_name(sname, f"sizes[{sname!r}]", "size names")
             extra = set(over) - {*_SECTIONS, "runs"}
             if extra:
                 raise ValueError(f"sizes.{sname}: unknown key(s) {sorted(extra)}; allowed: {', '.join(_SECTIONS)}, runs")
@@ -431,7 +434,7 @@ def load_experiment(path: str | Path, overrides: list[str] | None = None) -> Exp
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{path}: not valid TOML: {e}") from None
     if "name" not in data and name_problem(path.stem):
-        raise ConfigError(f"{path}: name: the experiment is named after its file, and {name_problem(path.stem)}; "
+        raise ConfigError(f"{path}: name: the experiment is named after its file, and {name_problem(path.stem, 'experiment names')}; "
                           "set name = \"...\" in the file")
     data.setdefault("name", path.stem)
     if "overrides" in data:

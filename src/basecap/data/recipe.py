@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import Discriminator, Field, Tag, ValidationError, field_validator, model_validator
 
-from ..config_base import ConfigError, Strict, check_name, format_validation_error
+from ..config_base import ConfigError, Strict, check_name, format_validation_error, name_problem
 SPLITS = ("train", "validation", "test")
 
 
@@ -193,14 +193,17 @@ class RecipeConfig(Strict):
     @field_validator("name")
     @classmethod
     def _name(cls, v):
-        return check_name(v, "name", "recipe names")
+        problem = name_problem(v, "recipe names")
+        if problem:
+            raise ValueError(problem)
+        return v
 
     @model_validator(mode="after")
     def _consistent(self):
         if not self.domains:
             raise ValueError("a recipe needs at least one domain")
         for d in self.domains:
-            check_name(d, f"domains.{d}", "domain names")  # a domain names its token files
+            check_name(d, f"domains[{d!r}]", "domain names")  # a domain names its token files
         folded = [d.lower() for d in self.domains]
         if len(set(folded)) != len(folded):
             raise ValueError(f"domains: names that differ only in case name the same files on some systems: {sorted(self.domains)}")
