@@ -19,8 +19,8 @@ from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 
-from .config_base import (ConfigError, Strict, check_name, deep_merge, flatten_keys, format_validation_error, key_labels,
-                          name_problem, parse_override, run_name_problem, set_key, sweep_name, value_label)
+from .config_base import (ConfigError, Strict, check_name, deep_merge, flatten_keys, format_validation_error, key_labels, name_problem,
+                          parse_override, run_name_problem, set_key, sweep_name, valid_name, value_label)
 from .matching import resolve as resolve_config
 from .model import ModelConfig
 from .tracking import normalize_loggers
@@ -191,10 +191,7 @@ class ExperimentConfig(Strict):
     @field_validator("name")
     @classmethod
     def _name(cls, v):
-        problem = name_problem(v, "experiment names")
-        if problem:
-            raise ValueError(problem)
-        return v
+        return valid_name(v, "experiment names")
 
     @model_validator(mode="after")
     def _check(self):

@@ -59,6 +59,14 @@ def check_name(value: Any, key: str, what: str = "names") -> str:
     return value
 
 
+def valid_name(value: Any, what: str = "names") -> str:
+    """``value`` when it is a valid name, else a ValueError saying why (a field validator's: pydantic adds the key)."""
+    problem = name_problem(value, what)
+    if problem:
+        raise ValueError(problem)
+    return value
+
+
 def run_name_problem(value: Any) -> str | None:
     """Why ``value`` is not a run name (a name, or a sweep point's ``name@label=value,...``), or None."""
     if isinstance(value, str) and "@" in value and len(value) <= RUN_NAME_MAX and re.fullmatch(RUN_NAME, value):

@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import Discriminator, Field, Tag, ValidationError, field_validator, model_validator
 
-from ..config_base import ConfigError, Strict, check_name, format_validation_error, name_problem
+from ..config_base import ConfigError, Strict, check_name, format_validation_error, valid_name
 SPLITS = ("train", "validation", "test")
 
 
@@ -193,10 +193,7 @@ class RecipeConfig(Strict):
     @field_validator("name")
     @classmethod
     def _name(cls, v):
-        problem = name_problem(v, "recipe names")
-        if problem:
-            raise ValueError(problem)
-        return v
+        return valid_name(v, "recipe names")
 
     @model_validator(mode="after")
     def _consistent(self):
