@@ -248,3 +248,17 @@ def test_tune_then_compare_end_to_end(tiny_recipe_path, tmp_path):
     assert [(rc.run_id, rc.train.lr) for rc, _ in trained] == [("abs-s0", 0.01)]
     with pytest.raises(ConfigError, match=r"unknown run\(s\) \['nope'\]"):
         train_experiment(path, only=["nope"], log=lambda *_: None)
+
+
+def test_a_size_table_brings_its_own_grid_and_set_wins(tmp_path):
+    """sizes.<s>.sweep replaces the file's grid for the keys it names; --set sweep.* wins over both."""
+    from basecap.config import load_experiment
+
+    p = tmp_path / "grid.toml"
+    p.write_text('name = "grid"\nsize = "cpu"\n[sweep]\ntrain.lr = [1e-3, 2e-3]\n'
+                 '[[runs]]\nname = "a"\n[sizes.cpu]\ntrain = { steps = 10, warmup_steps = 1 }\n'
+                 '[sizes.gpu]\ntrain = { steps = 10, warmup_steps = 1 }\nsweep = { "train.lr" = [3e-4, 6e-4] }\n')
+    assert load_experiment(p).sweep == {"train.lr": [1e-3, 2e-3]}
+    assert load_experiment(p, ["size=gpu"]).sweep == {"train.lr": [3e-4, 6e-4]}
+    assert load_experiment(p, ["size=gpu", "sweep.train.lr=[1e-4]"]).sweep == {"train.lr": [1e-4]}
+    assert [r.train.lr for r in load_experiment(p, ["size=gpu"]).run_configs()] == [3e-4, 6e-4]

@@ -19,7 +19,7 @@ from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 
-from .config_base import (ConfigError, Strict, check_name, deep_merge, flatten_keys, format_validation_error, key_labels, name_problem,
+from .config_base import (ConfigError, apply_size_sweep, Strict, check_name, deep_merge, flatten_keys, format_validation_error, key_labels, name_problem,
                           parse_override, run_name_problem, set_key, sweep_name, valid_name, value_label)
 from .matching import resolve as resolve_config
 from .model import ModelConfig
@@ -200,9 +200,9 @@ class ExperimentConfig(Strict):
             raise ValueError(f"size: {self.size!r} is not defined; allowed: {', '.join(self.sizes) or '(no [sizes.*] tables)'}")
         for sname, over in self.sizes.items():
             check_name(sname, f"sizes[{sname!r}]", "size names")
-            extra = set(over) - {*_SECTIONS, "runs"}
+            extra = set(over) - {*_SECTIONS, "runs", "sweep"}
             if extra:
-                raise ValueError(f"sizes.{sname}: unknown key(s) {sorted(extra)}; allowed: {', '.join(_SECTIONS)}, runs")
+                raise ValueError(f"sizes.{sname}: unknown key(s) {sorted(extra)}; allowed: {', '.join(_SECTIONS)}, runs, sweep")
             unknown_runs = set(over.get("runs", {})) - set(names)
             if unknown_runs:
                 raise ValueError(f"sizes.{sname}.runs: unknown run(s) {sorted(unknown_runs)}; runs are {names}")
@@ -303,7 +303,7 @@ class ExperimentConfig(Strict):
         (its per-run entries last) < ``overrides`` (--set)."""
         base = {k: getattr(self, k) for k in _SECTIONS}
         size = self.sizes.get(self.size, {}) if self.size is not None else {}
-        base = deep_merge(base, {k: v for k, v in size.items() if k != "runs"})
+        base = deep_merge(base, {k: v for k, v in size.items() if k not in ("runs", "sweep")})
         out = []
         for i, spec in enumerate(self.runs or [{"name": self.name}]):
             extra = set(spec) - {"name", *_SECTIONS}
@@ -437,7 +437,8 @@ def load_experiment(path: str | Path, overrides: list[str] | None = None) -> Exp
     if "overrides" in data:
         raise ConfigError(f"{path}: overrides: set with --set on the command line, not in the file")
     top, runs = _split_overrides(overrides or [])
-    data = apply_overrides(data, top)
+    swept = [o for o in top if o.startswith("sweep.")]  # file < size table's sweep < --set sweep.*
+    data = apply_overrides(apply_size_sweep(apply_overrides(data, [o for o in top if o not in swept])), swept)
     for key in runs:
         check_run_key(key)
     data["overrides"] = runs

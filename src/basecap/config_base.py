@@ -207,3 +207,13 @@ def parse_override(item: str) -> tuple[list[str], Any]:
     except tomllib.TOMLDecodeError:
         value = raw
     return path, value
+
+
+def apply_size_sweep(data: dict) -> dict:
+    """An experiment's raw tables with the chosen size's ``sweep`` grid over the file's (for the keys it names):
+    a learning-rate grid for a CPU size is not one for a GPU size."""
+    sizes = data.get("sizes")
+    grid = sizes.get(data.get("size"), {}).get("sweep") if isinstance(sizes, dict) and isinstance(sizes.get(data.get("size")), dict) else None
+    if isinstance(grid, dict) and isinstance(data.get("sweep", {}), dict):
+        data = {**data, "sweep": {**flatten_keys(data.get("sweep", {})), **flatten_keys(grid)}}
+    return data
