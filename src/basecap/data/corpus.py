@@ -20,7 +20,7 @@ class Corpus:
     Token shards are flat arrays: each document's tokens followed by the ``<|endoftext|>`` id.
     """
 
-    def __init__(self, path: str | os.PathLike):
+    def __init__(self, path: str | os.PathLike, check_sizes: bool = True):
         self.dir = Path(path)
         mpath = self.dir / "manifest.json"
         if not mpath.is_file():
@@ -36,7 +36,8 @@ class Corpus:
         self._tokenizer = None
         self._shards: dict[tuple[str, str], np.ndarray] = {}
         self._token_bytes: np.ndarray | None = None
-        self._check_shard_sizes()
+        if check_sizes:
+            self._check_shard_sizes()
 
     def _check_shard_sizes(self):
         """Every token shard exists with the size its manifest entry records (hashes: ``basecap data verify``)."""
