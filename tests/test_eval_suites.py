@@ -278,8 +278,8 @@ def test_plain_lm_eval_command_finds_basecap(trained_run, tmp_path):
     setup_py = (Path(__file__).parents[1] / "setup.py").read_text()
     assert repr(lm_eval_plugin.PTH_LINE)[1:-1] in setup_py  # the wheel ships the same line
     exe = shutil.which("lm_eval", path=str(Path(sys.executable).parent)) or shutil.which("lm_eval")
-    home = tmp_path / "home"
-    env = {**os.environ, "BASECAP_HOME": str(home), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    # the run's corpus is in the test session's data home: opening a run directory never builds a corpus
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     task_dir = subprocess.run([sys.executable, "-c", "from basecap.eval.harness import prepare_task_dir; print(prepare_task_dir())"],
                               env=env, capture_output=True, text=True, check=True).stdout.strip()
     out = subprocess.run([exe, "run", "--model", "basecap", "--model_args", f"path={trained_run}", "--tasks", "basecap_smoke_mc",
