@@ -116,3 +116,26 @@ def test_forward_with_targets_returns_the_state_and_matches_logits():
         assert float(loss) == pytest.approx(float(want[:, 5:].sum()), rel=1e-5)
     with pytest.raises(ValueError, match="reduction"):
         m(idx, targets=targets, reduction="max")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_rms_norm_matches_torch(dtype):
+    from basecap.model import RMSNorm
+
+    torch.manual_seed(0)
+    ours, ref = RMSNorm(24, eps=1e-5).to(dtype), torch.nn.RMSNorm(24, eps=1e-5).to(dtype)
+    with torch.no_grad():
+        ours.weight.uniform_(0.5, 1.5)
+        ref.weight.copy_(ours.weight)
+    assert ours.state_dict().keys() == ref.state_dict().keys()
+    x = torch.randn(3, 7, 24, dtype=dtype) * 3
+    grad = torch.randn(3, 7, 24, dtype=dtype)
+    out = []
+    for norm in (ours, ref):
+        xi = x.clone().requires_grad_()
+        y = norm(xi)
+        y.backward(grad)
+        out.append((y.detach(), xi.grad, norm.weight.grad))
+    tol = 1e-6 if dtype == torch.float32 else 1e-13
+    for a, b in zip(*out):
+        assert _rel(a, b) < tol
