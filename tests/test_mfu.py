@@ -2,6 +2,7 @@
 
 import json
 import statistics
+import time
 
 import pytest
 import torch
@@ -37,6 +38,8 @@ def test_matmul_peak_is_measured_once_per_process_and_thread_count(monkeypatch):
     assert calls["n"] == 8
     matmul_peak_flops(cpu, size=64, reps=1)
     assert calls["n"] == 10
+    assert matmul_peak_flops(cpu, size=64, reps=1, clock=time.process_time) > 0  # FLOPs per CPU-second: its own entry
+    assert calls["n"] == 12
 
 
 def _cfg(recipe, **train_over):

@@ -66,13 +66,14 @@ _PEAKS: dict[tuple, float] = {}
 
 
 def matmul_peak_flops(device: torch.device, dtype: torch.dtype = torch.float32, size: int = PEAK_MATMUL_SIZE, reps: int = 3,
-                      cached: bool = True) -> float:
+                      cached: bool = True, clock: Callable[[], float] = time.perf_counter) -> float:
     """FLOP/s (2 size^3 per product) of a square ``size`` matmul in ``dtype`` on ``device`` at the current
     thread count, the fastest of ``reps`` after one warm-up: the peak MFU is measured against. The fastest,
     not the median: on a CPU shared with other jobs a matmul's time varies about 2x with what else runs,
-    and the fastest is the figure of the hardware. Cached per process (per device, dtype, size and thread
-    count) unless ``cached`` is False."""
-    key = (str(device), dtype, size, reps, torch.get_num_threads())
+    and the fastest is the figure of the hardware. ``clock=time.process_time`` gives FLOPs per CPU-second
+    of this process instead (CPU only). Cached per process (per device, dtype, size, thread count and
+    clock) unless ``cached`` is False."""
+    key = (str(device), dtype, size, reps, torch.get_num_threads(), clock)
     if key not in _PEAKS or not cached:
         g = torch.Generator(device=device).manual_seed(0)
         a, b = (torch.randn(size, size, device=device, generator=g).to(dtype) for _ in range(2))
@@ -81,12 +82,12 @@ def matmul_peak_flops(device: torch.device, dtype: torch.dtype = torch.float32, 
         for i in range(reps + 1):
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
-            t = time.perf_counter()
+            t = clock()
             torch.mm(a, b, out=out)
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             if i:
-                times.append(time.perf_counter() - t)
+                times.append(clock() - t)
         _PEAKS[key] = 2.0 * size**3 / min(times)
     return _PEAKS[key]
 
