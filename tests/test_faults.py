@@ -342,7 +342,7 @@ def arm(phase: str, at: int):
 def kill_plan(rng: random.Random) -> list[tuple[int, str]]:
     """Every phase once, at a seeded random step where it can happen, in the order a chain of runs meets them. A
     kill after a checkpoint is in place (ckpt_renamed, the last phase of a step) resumes past that step, so nothing
-    may follow it in the same step: none does. The final step is left out for ckpt_renamed (see the xfail test)."""
+    may follow it in the same step: none does. The final step is left out for ckpt_renamed (see the test of a kill after the final checkpoint)."""
     plan = []
     for p in PHASES:
         if p in CKPT_PHASES or p == "in_eval":
@@ -400,8 +400,6 @@ def test_kill_9_at_random_points_of_a_training_run_then_resume_exactly(ref, tiny
                      + ", ".join(f"{p}@{s}" for s, p in plan) + f"); {redone} steps redone")
 
 
-@pytest.mark.xfail(strict=True, reason="a run killed after its final checkpoint, before done.json, evaluates the final "
-                                       "step again on resume and appends a second eval record for it (train._finish)")
 def test_kill_after_the_final_checkpoint_resumes_exactly(ref, tiny_corpus):
     cfg, ref_dir = ref
     run_dir = ref_dir.parent / "killed_at_the_end"

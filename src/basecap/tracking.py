@@ -66,10 +66,10 @@ def check_loggers(names: Iterable[str]) -> tuple[str, ...]:
 
 
 def scalars(rec: dict) -> dict[str, float]:
-    """A metrics record as tag -> value: ``train/{loss,lr,grad_norm,tokens_per_s}`` for a training step;
+    """A metrics record as tag -> value: ``train/{loss,lr,grad_norm,tokens_per_s,mfu}`` for a training step;
     ``eval/in_domain_loss`` and ``eval/<domain>/{loss,bpb}`` for an evaluation. Other kinds give nothing."""
     if rec.get("kind") == "train":
-        return {f"train/{k}": float(rec[k]) for k in ("loss", "lr", "grad_norm", "tokens_per_s") if k in rec}
+        return {f"train/{k}": float(rec[k]) for k in ("loss", "lr", "grad_norm", "tokens_per_s", "mfu") if k in rec}
     if rec.get("kind") == "eval":
         out = {"eval/in_domain_loss": float(rec["in_domain_loss"])} if "in_domain_loss" in rec else {}
         for domain, res in rec.get("domains", {}).items():

@@ -307,8 +307,10 @@ def _finish(run: _Run, final: dict | None) -> dict:
     """Close the progress bar, evaluate if the run resumed exactly at its end, write done.json."""
     if run.bar:
         run.bar.close()
-    if final is None:  # resumed exactly at the end
-        final = _evaluate(run, run.cfg.train.steps)
+    if final is None:  # resumed exactly at the end: its final evaluation was recorded before that checkpoint
+        steps = run.cfg.train.steps
+        final = next((r for r in reversed(run.rd.read_metrics()) if r["kind"] == "eval" and r["step"] == steps), None) \
+            or _evaluate(run, steps)
     if run.env.is_main:
         _record_speed(run)
         run.rd.write_done(run.cfg.train.steps, final)

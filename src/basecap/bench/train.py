@@ -43,16 +43,9 @@ def _plain_steps(model, opt, batches, clip):
     return times
 
 
-def main(argv: list[str] | None = None):
-    from ..config import validate_run
-    from ..data import TrainBatches, build_corpus, load_recipe
-    from ..matching import resolve
-    from ..model import build_model
-    from ..rundir import RunDir, write_json
-    from ..train import make_optimizer, matmul_peak_flops, mfu, train
-
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="basecap bench train", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--recipe", default="default")
+    ap.add_argument("--recipe", default="small-vocab", help="corpus recipe (default: the quickstart's)")
     ap.add_argument("--mixer", default="attention")
     ap.add_argument("--steps", type=int, default=30, help="steps per window")
     ap.add_argument("--windows", type=int, default=2, help="alternating trainer/plain windows")
@@ -64,7 +57,18 @@ def main(argv: list[str] | None = None):
     ap.add_argument("--threads", type=int, default=None, help="CPU threads (default: torch's, all cores)")
     ap.add_argument("--peak-size", type=int, default=4096, help="square fp32 matmul size of the peak FLOP/s")
     ap.add_argument("--out", default="bench_results/train")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv: list[str] | None = None):
+    from ..config import validate_run
+    from ..data import TrainBatches, build_corpus, load_recipe
+    from ..matching import resolve
+    from ..model import build_model
+    from ..rundir import RunDir, write_json
+    from ..train import make_optimizer, matmul_peak_flops, mfu, train
+
+    args = _parser().parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
 
