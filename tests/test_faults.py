@@ -28,7 +28,6 @@ import resource
 import shutil
 import signal
 import sys
-import tarfile
 import time
 import traceback
 import warnings
@@ -46,6 +45,7 @@ from test_data_helpers import (
     tiny_recipe,
     write_jsonl_zst,
 )
+from test_data_caps import tar_gz
 from test_train import run_cfg
 
 import basecap.checkpoint as ckpt_mod
@@ -765,16 +765,6 @@ def test_kill_9_of_a_parallel_build_leaves_no_worker_behind_and_resumes_byte_for
                 bytes_lost=sum(size for f, (digest, size) in want.items() if got.get(f, ("", 0))[0] != digest),
                 note=f"both workers exited by themselves within {30 - (deadline - time.monotonic()):.1f} s; the resume "
                      "with 2 workers equals the 1-worker build")
-
-
-def tar_gz(members: dict[str, bytes]) -> bytes:
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w:gz") as tf:
-        for name, data in members.items():
-            info = tarfile.TarInfo(f"pkg-1.0/{name}")
-            info.size = len(data)
-            tf.addfile(info, io.BytesIO(data))
-    return buf.getvalue()
 
 
 def test_oversized_members_and_lines_are_skipped_counted_and_the_build_goes_on(tmp_path, monkeypatch):
