@@ -32,6 +32,7 @@ from pathlib import Path
 
 import torch
 
+from ..atomic import write_json
 from ..kernels.linear_ce import lm_head_loss
 from ..ops.linear_ce import CHUNK_LOGITS, default_chunk_tokens
 from .common import peak_memory_cuda, peak_rss_growth, pyplot, rel_err, run_probe, sync
@@ -191,7 +192,7 @@ def main(argv: list[str] | None = None):
                     ch = str(r["chunk_tokens"]) if r["chunk_tokens"] else "-"
                     print(f"{N:>6} {D:>4} {V:>6} {r['variant']:<8} {ch:>6} {r['wall_s']:8.3f} {r['wall_min_s']:8.3f} {r['cpu_s']:8.3f} {mib} "
                           f"{r['speedup_vs_plain']:8.2f} {r['min_speedup_vs_plain']:6.2f} {mem}", flush=True)
-                (out / "head.json").write_text(json.dumps({"meta": meta, "results": rows}, indent=1))
+                write_json(out / "head.json", {"meta": meta, "results": rows})
     _plot(rows, variants, out / "head.png")
     print(f"written: {out / 'head.json'}, {out / 'head.png'}")
     return rows

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from ..atomic import write_json
 from ..mixers import build_mixer, mixer_class, mixer_names, parse_mixer_config
 from .common import fwd_bwd, median_time, pyplot, rel_err
 
@@ -200,7 +201,7 @@ def main(argv: list[str] | None = None):
     meta = {"d_model": D_MODEL, "batch": 1, "threads": torch.get_num_threads(), "torch": torch.__version__,
             "grid": {"mixers": list(args.mixers or names), "lengths": args.lengths, "contexts": args.contexts,
                      "ref_length": args.ref_length, "reps": args.reps}}
-    (out / "mixers.json").write_text(json.dumps({"meta": meta, "results": results}, indent=1))
+    write_json(out / "mixers.json", {"meta": meta, "results": results})
     _plot(results, args, out / "mixers.png")
     print(f"written: {out / 'mixers.json'}, {out / 'mixers.png'}")
     return results

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import torch
 
+from ..atomic import write_json
 from .common import peak_memory_cuda, peak_rss_growth, pyplot, run_probe, sync
 
 VARIANTS = {
@@ -325,7 +326,7 @@ def main(argv: list[str] | None = None):
     out.mkdir(parents=True, exist_ok=True)
 
     def save():  # after every row: an interrupted run keeps what it measured
-        (out / "selection.json").write_text(json.dumps(res, indent=1))
+        write_json(out / "selection.json", res)
 
     ok = _self_check(args.variants, args, device)
     variants = [v for v in args.variants if ok[v]]
