@@ -34,7 +34,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from .distributed import DistEnv, rank0_error
-from .rundir import fsync
+from .atomic import fsync
 
 
 class CheckpointError(RuntimeError):

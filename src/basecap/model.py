@@ -15,6 +15,7 @@ from pydantic import Field, field_validator, model_validator
 from torch import nn
 
 from .config_base import Strict
+from .kernels.linear_ce import IMPLS as HEAD_IMPLS
 from .kernels.linear_ce import lm_head_loss
 from .mixers import MixerConfig, build_mixer, mlp_class, parse_mixer_config, parse_mlp_config
 from .mixers.attention import AttentionConfig
@@ -40,7 +41,7 @@ class ModelConfig(Strict):
     mlp: Any = None  # default: the mixer's own default (SwiGLU for most)
     layer_mixers: dict[int, Any] = Field(default_factory=dict, description="per-layer mixer overrides (hybrids)")
     tie_embeddings: bool = False
-    head_impl: Literal["plain", "chunked", "fast", "auto"] = Field(
+    head_impl: Literal[HEAD_IMPLS] = Field(
         "auto", description="the LM head's loss: 'chunked' never materialises the [tokens, vocab] logits (gradients folded "
                             "chunk by chunk), 'fast' is fla's fused kernel (CUDA training loss), 'auto' the fast one where "
                             "it runs and chunked elsewhere, 'plain' the whole logits and F.cross_entropy (the reference)")

@@ -84,16 +84,6 @@ class Corpus:
                                               shape=(info["tokens"],))
         return self._shards[key]
 
-    def bytes_per_token(self, domain: str, split: str) -> float:
-        """UTF-8 bytes of the split's documents per token (separators counted as tokens).
-
-        Bits per byte of a split = mean loss in nats per token / ln 2 / bytes_per_token.
-        """
-        info = self.split_info(domain, split)
-        if info["tokens"] == 0:
-            raise ValueError(f"{domain}/{split} is empty")
-        return info["bytes"] / info["tokens"]
-
     def token_bytes(self) -> np.ndarray:
         """UTF-8 bytes of each token id's text, [vocab_size] int64: what bits per byte divides by.
 

@@ -22,9 +22,8 @@ class DomainEvaluator:
 
     def __init__(self, corpus, domains: list[str], split: str, seq_len: int, batch_size: int, max_tokens: int,
                  train_weights: dict[str, float] | None = None):
-        from ..data.loader import check_domains, eval_batches
+        from ..data.loader import eval_batches
 
-        check_domains({"evaluation domains": domains}, corpus.domains)
         self.split = split
         self.batches = {d: list(eval_batches(corpus, d, split=split, seq_len=seq_len, batch_size=batch_size, max_tokens=max_tokens)) for d in domains}
         empty = [d for d, b in self.batches.items() if not b]
@@ -39,9 +38,10 @@ class DomainEvaluator:
             self.unigram = unigram_losses(corpus, train_weights, domains, split, seq_len, max_tokens)
 
     @torch.no_grad()
-    def evaluate(self, model, device="cpu", autocast=None) -> dict[str, dict]:
+    def evaluate(self, model, device="cpu", autocast=None, window_losses: bool = True) -> dict[str, dict]:
         """Per domain: ``loss`` (nats/token), ``bpb``, ``tokens`` and ``bytes`` scored, ``window_losses``
-        (the mean loss of each window, for the bootstrap over windows), and ``unigram_loss`` when known."""
+        (the mean loss of each window, for the bootstrap over windows; only the final evaluation needs them),
+        and ``unigram_loss`` when known."""
         was_training = model.training
         model.eval()
         out = {}
@@ -56,8 +56,9 @@ class DomainEvaluator:
             n = sum(y.numel() for _, y in batches)
             total = float(window_sums.sum())
             loss = total / n
-            out[d] = {"loss": loss, "bpb": total / math.log(2) / self.bytes[d], "tokens": n, "bytes": self.bytes[d],
-                      "window_losses": [round(v, 6) for v in (window_sums / (n // len(window_sums))).tolist()]}
+            out[d] = {"loss": loss, "bpb": total / math.log(2) / self.bytes[d], "tokens": n, "bytes": self.bytes[d]}
+            if window_losses:
+                out[d]["window_losses"] = [round(v, 6) for v in (window_sums / (n // len(window_sums))).tolist()]
             if d in self.unigram:
                 out[d]["unigram_loss"] = self.unigram[d]
         model.train(was_training)
