@@ -250,6 +250,26 @@ def test_tune_then_compare_end_to_end(tiny_recipe_path, tmp_path):
         train_experiment(path, only=["nope"], log=lambda *_: None)
 
 
+def test_two_processes_share_a_study_with_run_only(tiny_recipe_path, tmp_path):
+    """basecap run --run: each call tunes, trains and evaluates its runs and writes no report; the last call
+    without --run trains nothing again and writes the report over all of them."""
+    from basecap.experiment import run_experiment
+
+    path = write_exp(tmp_path, tiny_recipe_path, extra=TUNE.replace("[1e-3, 2e-3, 4e-3]", "[1e-6, 1e-2]"))
+    runs = tmp_path / "runs"
+    assert run_experiment(path, log=lambda *_: None, only=["tpp"]) is None
+    assert (runs / "tpp-s0" / "eval.json").is_file() and not (runs / "abs-s0").exists() and not (runs / "report").exists()
+    assert run_experiment(path, log=lambda *_: None, only=["abs"]) is None
+    stamp = (runs / "tpp-s0" / "eval.json").stat().st_mtime_ns
+    lines = []
+    rep = run_experiment(path, log=lines.append)
+    assert rep.is_file() and (runs / "tpp-s0" / "eval.json").stat().st_mtime_ns == stamp
+    assert not [m for m in lines if m.startswith("== tuning")]  # both choices stored, nothing tuned again
+    assert set(json.loads((runs / TUNING_FILE).read_text())["runs"]) == {"tpp", "abs"}
+    with pytest.raises(ConfigError, match=r"unknown run\(s\) \['nope'\]"):
+        run_experiment(path, log=lambda *_: None, only=["nope"])
+
+
 def test_a_size_table_brings_its_own_grid_and_set_wins(tmp_path):
     """sizes.<s>.sweep replaces the file's grid for the keys it names; --set sweep.* wins over both."""
     from basecap.config import load_experiment

@@ -190,15 +190,19 @@ def _add_report(sub) -> None:
 
 def _cmd_run(args):
     """Build the corpus if needed, train every run (skipping finished ones, resuming interrupted ones),
-    evaluate each on the test split, and write the report."""
+    evaluate each on the test split, and write the report. With --run, only the runs named (no report), so
+    that two processes can share a study."""
     from .experiment import run_experiment
 
-    run_experiment(args.experiment, args.set)
+    run_experiment(args.experiment, args.set, only=args.run)
 
 
 def _add_run(sub) -> None:
     u = _command(sub, "run", _cmd_run, "the whole experiment: build data if needed, train, evaluate, report")
     _experiment_args(u)
+    u.add_argument("--run", action="append", default=[], metavar="NAME",
+                   help="only this run (repeatable): train, evaluate and run its suites, without the report, so that "
+                        "several processes can share a study; a last call without --run writes the report")
 
 
 def _cmd_mixers(args):

@@ -169,8 +169,11 @@ def run_suites(exp: ExperimentConfig, rc: RunConfig, run_dir: Path, log=print):
         run_suite(run_dir, spec["suite"], out_dir=out, **opts)
 
 
-def run_experiment(path: str | Path, overrides: list[str] | None = None, log=print) -> Path:
-    """Returns the path of the report (report.md)."""
+def run_experiment(path: str | Path, overrides: list[str] | None = None, log=print, only: list[str] | None = None) -> Path | None:
+    """Returns the path of the report (report.md). With ``only`` (run names, as ``basecap train --run``), the
+    part of a study that one process can take while others take the rest: those runs are tuned, trained,
+    evaluated and given their suites, and no speed section or report is written (None is returned); a later
+    run without ``only`` finds them finished and writes the report."""
     from .eval.final import evaluate_run
     from .report import report
     from .sweep import TUNING_FILE
@@ -178,11 +181,12 @@ def run_experiment(path: str | Path, overrides: list[str] | None = None, log=pri
 
     t0 = time.perf_counter()
     exp, runs = resolve_experiment(path, overrides)
+    selected_names(list(exp.tuning_grid()) if exp.tune else [r.name for r in runs], only)  # unknown names fail before any compute
     corpus = prepare_corpus(runs, log=log)
     out = exp.output_dir()
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / "experiment.json", json.loads(exp.model_dump_json()))
-    runs = compared_runs(exp, runs, lambda rc, run_dir: train(rc, run_dir, corpus=corpus, log=log), log=log)
+    runs = compared_runs(exp, runs, lambda rc, run_dir: train(rc, run_dir, corpus=corpus, log=log), only, log=log)
     for i, rc in enumerate(runs, 1):
         log(f"== run {i}/{len(runs)}: {rc.run_id}")
         rd = RunDir(out / rc.run_id)
@@ -190,6 +194,10 @@ def run_experiment(path: str | Path, overrides: list[str] | None = None, log=pri
         if not rd.eval_path.exists():
             evaluate_run(rd.path, corpus=corpus, log=log)
         run_suites(exp, rc, rd.path, log=log)
+    if only:
+        log(f"\nexperiment {exp.name}: {len(runs)} run(s) of {', '.join(only)} done in {time.perf_counter() - t0:.0f} s; "
+            "run it without --run for the speed section and the report")
+        return None
     speed_json = None
     if exp.speed is not None:
         speed_json = out / "speed" / "mixers.json"
