@@ -175,6 +175,21 @@ def test_ties_and_diverged_runs():
         choose([math.nan, math.inf])
 
 
+def test_two_processes_tuning_at_once_keep_both_choices(tmp_path):
+    """Two processes share a study (--run tpp, --run abs): each reads tuning.json before its long training and
+    writes after it; the second writer keeps the first one's choice instead of overwriting it."""
+    exp = load_experiment(write_exp(tmp_path, extra=TUNE))
+    out = tmp_path / "out"
+
+    def train_abs_while_tpp_trains(rc, run_dir):
+        if rc.run_id.startswith("tpp@lr=0.001") and not (out / TUNING_FILE).exists():
+            tune(exp, exp.resolve(), out, lambda r, d: fake_record(r.train.lr * 100, 0.0), only=["abs"], log=lambda *_: None)
+        return fake_record(rc.train.lr * 100, 0.0)
+
+    tune(exp, exp.resolve(), out, train_abs_while_tpp_trains, only=["tpp"], log=lambda *_: None)
+    assert set(json.loads((out / TUNING_FILE).read_text())["runs"]) == {"tpp", "abs"}
+
+
 def test_tuning_json_is_reused_recomputed_and_written_atomically(tmp_path, monkeypatch):
     p = write_exp(tmp_path, extra=TUNE)
     exp = load_experiment(p)

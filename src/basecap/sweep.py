@@ -102,9 +102,11 @@ def tune(exp: ExperimentConfig, runs: list[RunConfig], out: Path, train_fn: Call
         for n in todo:
             entries[n] = _entry(grid[n], by_name, losses, prints[n])
             log(f"[{n}] chosen: {_values_text(entries[n]['chosen'])} (mean in-domain {SPLIT} loss {_loss_text(entries[n])})")
-        if write:
+        if write:  # read again first: another process sharing the study (basecap run/train --run) may have written its choices meanwhile
+            stored = {n: e for n, e in read_tuning(path).get("runs", {}).items() if n in exp.tuning_grid() and n not in todo}
             out.mkdir(parents=True, exist_ok=True)
-            write_json(path, {"metric": exp.tune.metric, "split": SPLIT, "keys": exp.tune.keys, "seeds": exp.tune.seeds, "runs": entries})
+            write_json(path, {"metric": exp.tune.metric, "split": SPLIT, "keys": exp.tune.keys, "seeds": exp.tune.seeds,
+                              "runs": {**entries, **stored, **{n: entries[n] for n in todo}}})
     return {n: entries[n]["chosen"] for n in grid}
 
 
