@@ -296,6 +296,23 @@ def _is_user_error(e: BaseException) -> bool:
     return any(f"{c.__module__}.{c.__qualname__}" in USER_ERRORS for c in type(e).__mro__)
 
 
+def _wait_for_peers(timeout_s: float = 10.0):
+    """Under torchrun, a rank that fails with a user error waits (a bounded while) until the other ranks have
+    printed theirs too: torchrun stops every rank as soon as one exits, which cut the peers' messages short."""
+    if "torch.distributed" not in sys.modules:
+        return
+    import datetime
+
+    import torch.distributed as dist
+
+    if not dist.is_initialized() or dist.get_world_size() < 2 or dist.get_backend() != "gloo":
+        return
+    try:
+        dist.monitored_barrier(timeout=datetime.timedelta(seconds=timeout_s), wait_all_ranks=True)
+    except Exception:  # noqa: BLE001 - a peer that failed differently or is gone: exit anyway
+        pass
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
@@ -303,7 +320,8 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as e:
         if not _is_user_error(e):
             raise
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        _wait_for_peers()
         return 2
     except KeyboardInterrupt:
         print("interrupted; finished steps are checkpointed, rerun the same command to resume", file=sys.stderr)
