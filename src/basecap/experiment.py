@@ -72,6 +72,11 @@ def selected_names(names: list[str], only: list[str] | None) -> list[str]:
     return [n for n in names if n in only or n.split("@")[0] in only]
 
 
+def check_selection(exp: ExperimentConfig, runs: list[RunConfig], only: list[str] | None):
+    """Unknown names in ``only`` (--run) fail before any compute; a tune experiment knows its tuned run names."""
+    selected_names(list(exp.tuning_grid()) if exp.tune else [r.name for r in runs], only)
+
+
 def select_runs(runs: list[RunConfig], only: list[str] | None) -> list[RunConfig]:
     keep = set(selected_names(list(dict.fromkeys(r.name for r in runs)), only))
     return [r for r in runs if r.name in keep]
@@ -112,7 +117,7 @@ def train_experiment(path: str | Path, overrides: list[str] | None = None, only:
     from .train import train
 
     exp, runs = resolve_experiment(path, overrides)
-    selected_names(list(exp.tuning_grid()) if exp.tune else [r.name for r in runs], only)  # unknown names fail before any compute
+    check_selection(exp, runs, only)
     if int(os.environ.get("RANK", "0")) != 0:
         log = lambda *_: None
     device_type = "cuda" if torch.cuda.is_available() and runs[0].train.device != "cpu" else "cpu"
@@ -181,7 +186,7 @@ def run_experiment(path: str | Path, overrides: list[str] | None = None, log=pri
 
     t0 = time.perf_counter()
     exp, runs = resolve_experiment(path, overrides)
-    selected_names(list(exp.tuning_grid()) if exp.tune else [r.name for r in runs], only)  # unknown names fail before any compute
+    check_selection(exp, runs, only)
     corpus = prepare_corpus(runs, log=log)
     out = exp.output_dir()
     out.mkdir(parents=True, exist_ok=True)

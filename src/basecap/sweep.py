@@ -86,12 +86,13 @@ def tune(exp: ExperimentConfig, runs: list[RunConfig], out: Path, train_fn: Call
     evaluation record (a finished run returns it at once). A run whose stored choice in tuning.json was made
     on the same grid keeps it without training; the others are trained and chosen again, and tuning.json is
     rewritten atomically (``write``: False on the non-main ranks of a distributed job)."""
-    grid = {n: pts for n, pts in exp.tuning_grid().items() if not only or n in only}
+    every = exp.tuning_grid()
+    grid = {n: pts for n, pts in every.items() if not only or n in only}
     by_name: dict[str, list[RunConfig]] = {}
     for rc in runs:
         by_name.setdefault(rc.name, []).append(rc)
     path = out / TUNING_FILE
-    entries = {n: e for n, e in read_tuning(path).get("runs", {}).items() if n in exp.tuning_grid()}
+    entries = {n: e for n, e in read_tuning(path).get("runs", {}).items() if n in every}
     prints = {n: _fingerprint(exp, pts, by_name) for n, pts in grid.items()}
     todo = [n for n in grid if entries.get(n, {}).get("grid") != prints[n]]
     if todo:
@@ -103,10 +104,9 @@ def tune(exp: ExperimentConfig, runs: list[RunConfig], out: Path, train_fn: Call
             entries[n] = _entry(grid[n], by_name, losses, prints[n])
             log(f"[{n}] chosen: {_values_text(entries[n]['chosen'])} (mean in-domain {SPLIT} loss {_loss_text(entries[n])})")
         if write:  # read again first: another process sharing the study (basecap run/train --run) may have written its choices meanwhile
-            stored = {n: e for n, e in read_tuning(path).get("runs", {}).items() if n in exp.tuning_grid() and n not in todo}
+            entries.update({n: e for n, e in read_tuning(path).get("runs", {}).items() if n in every and n not in todo})
             out.mkdir(parents=True, exist_ok=True)
-            write_json(path, {"metric": exp.tune.metric, "split": SPLIT, "keys": exp.tune.keys, "seeds": exp.tune.seeds,
-                              "runs": {**entries, **stored, **{n: entries[n] for n in todo}}})
+            write_json(path, {"metric": exp.tune.metric, "split": SPLIT, "keys": exp.tune.keys, "seeds": exp.tune.seeds, "runs": entries})
     return {n: entries[n]["chosen"] for n in grid}
 
 

@@ -38,10 +38,9 @@ class DomainEvaluator:
             self.unigram = unigram_losses(corpus, train_weights, domains, split, seq_len, max_tokens)
 
     @torch.no_grad()
-    def evaluate(self, model, device="cpu", autocast=None, window_losses: bool = True) -> dict[str, dict]:
+    def evaluate(self, model, device="cpu", autocast=None) -> dict[str, dict]:
         """Per domain: ``loss`` (nats/token), ``bpb``, ``tokens`` and ``bytes`` scored, ``window_losses``
-        (the mean loss of each window, for the bootstrap over windows; only the final evaluation needs them),
-        and ``unigram_loss`` when known."""
+        (the mean loss of each window, for the bootstrap over windows), and ``unigram_loss`` when known."""
         was_training = model.training
         model.eval()
         out = {}
@@ -56,9 +55,8 @@ class DomainEvaluator:
             n = sum(y.numel() for _, y in batches)
             total = float(window_sums.sum())
             loss = total / n
-            out[d] = {"loss": loss, "bpb": total / math.log(2) / self.bytes[d], "tokens": n, "bytes": self.bytes[d]}
-            if window_losses:
-                out[d]["window_losses"] = [round(v, 6) for v in (window_sums / (n // len(window_sums))).tolist()]
+            out[d] = {"loss": loss, "bpb": total / math.log(2) / self.bytes[d], "tokens": n, "bytes": self.bytes[d],
+                      "window_losses": [round(v, 6) for v in (window_sums / (n // len(window_sums))).tolist()]}
             if d in self.unigram:
                 out[d]["unigram_loss"] = self.unigram[d]
         model.train(was_training)
