@@ -62,7 +62,9 @@ def test_report_writes_files_and_verdicts(tmp_path):
     assert worse["verdict"] == "worse OOD" and worse["reference"] == "ref" and worse["n_seeds"] == 2
     assert worse["mean_gap"] == pytest.approx(0.405, abs=1e-6) and worse["per_seed"] == pytest.approx([0.40, 0.41])
     assert worse["p"] == pytest.approx(0.0079, abs=1e-4) and worse["p_holm"] == pytest.approx(2 * worse["p"])
-    assert same["verdict"] == "no detectable difference (CI [-0.254, 0.254])"
+    # per comparison: the uncorrected 95% interval; in the words, the simultaneous one (2 tests: level 97.5%)
+    assert same["ci95"] == pytest.approx([-0.254, 0.254], abs=1e-3)
+    assert same["verdict"] == "no detectable difference (simultaneous CI [-0.509, 0.509])"
     assert "| worse | ref | code | 2 | 0.405 [" in text and "| worse OOD |" in text
     assert "significant" not in text and "Holm" in text
     assert "data:image/png;base64" in (tmp_path / "rep" / "report.html").read_text()

@@ -91,10 +91,31 @@ def test_verdict_words_come_from_the_corrected_test():
     assert verdict(5, 0.2, (0.1, 0.3), 0.01) == WORSE
     assert verdict(5, -0.2, (-0.3, -0.1), 0.01) == BETTER
     # uncorrected p 0.02 is below 0.05, but three comparisons raise it to 0.06
-    c = [{"n_seeds": 5, "mean_gap": 0.1, "ci95": [0.02, 0.18], "p": 0.02}] * 3
+    sd = 0.08 * 5 ** 0.5 / stats.t.ppf(0.975, 4)  # the sd that gives the uncorrected interval [0.02, 0.18]
+    c = [{"n_seeds": 5, "mean_gap": 0.1, "sd": sd, "ci95": [0.02, 0.18], "p": 0.02}] * 3
     c = apply_holm([dict(x) for x in c])
     assert c[0]["p_holm"] == pytest.approx(0.06)
-    assert c[0]["verdict"] == "no detectable difference (CI [0.020, 0.180])"
+    # the words give the simultaneous interval (level 1 - 0.05/3 each), which holds 0 like the corrected test
+    half = stats.t.ppf(1 - 0.05 / 6, 4) * sd / 5 ** 0.5
+    assert c[0]["ci_simultaneous"] == pytest.approx([0.1 - half, 0.1 + half])
+    assert c[0]["ci_simultaneous"][0] < 0 < c[0]["ci_simultaneous"][1]
+    assert c[0]["verdict"] == f"no detectable difference (simultaneous CI [{0.1 - half:.3f}, {0.1 + half:.3f}])"
+
+
+def test_a_comparison_holm_does_not_reject_has_a_simultaneous_interval_holding_zero():
+    rng = np.random.default_rng(3)
+    for _ in range(200):
+        m, n = int(rng.integers(1, 9)), int(rng.integers(2, 6))
+        comps = []
+        for _ in range(m):
+            t = paired_test(rng.normal(rng.normal(0, 0.05), 0.05, size=n))
+            comps.append({"n_seeds": n, "mean_gap": t.mean, "sd": t.sd, "ci95": list(t.ci95), "p": t.p})
+        for c in apply_holm(comps):
+            lo, hi = c["ci_simultaneous"]
+            if c["p_holm"] >= 0.05:
+                assert lo <= 0 <= hi and c["verdict"].startswith(NO_DIFF)
+            # the simultaneous interval is never narrower than the uncorrected one
+            assert lo <= c["ci95"][0] + 1e-12 and hi >= c["ci95"][1] - 1e-12
 
 
 # ---- simulated studies of known gap and noise ----

@@ -280,7 +280,9 @@ def _comparison_table(summary: dict) -> list[str]:
              f"Curves are smoothed over {summary['smooth']} evaluations. Primary gap = mean gap over the lowest 30% of the "
              "common in-domain-loss range (the trained end), with its 95% confidence interval over seeds (Student t) and "
              "the paired t-test's p; p (Holm) corrects across the comparisons of this report (held-out domains and the "
-             "domains a run trained on are two families). Verdicts come from the Holm-corrected test only (alpha 0.05). "
+             "domains a run trained on are two families). Verdicts come from the Holm-corrected test only (alpha 0.05); "
+             "the interval in a verdict is the simultaneous one (Bonferroni, level 1 - 0.05/m for the m tests of its "
+             "family), so unlike the per-comparison 95% CI it holds 0 whenever the corrected test does not reject. "
              "Whole-range mean and end gap (at the lowest in-domain loss both reached) are secondary. Seed sd = spread of the "
              "per-seed gaps; eval SE = bootstrap standard error of the final evaluation's difference over evaluation "
              "windows; noise = the larger of the two. Definitions: docs/metrics.md.", "",

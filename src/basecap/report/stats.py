@@ -148,15 +148,27 @@ def holm(pvalues: Sequence[float | None]) -> list[float | None]:
     return out
 
 
-def verdict(n: int, mean: float | None, ci95: tuple[float, float] | None, p_holm: float | None,
+def simultaneous_ci(n: int, mean: float | None, sd: float | None, m: int, alpha: float = ALPHA) -> tuple[float, float] | None:
+    """Bonferroni-adjusted Student-t interval of a mean gap over ``n`` seeds, one of ``m`` comparisons:
+    level 1 - alpha/m each, so all m intervals hold together with probability >= 1 - alpha. Holm rejects
+    everything Bonferroni rejects, so a comparison Holm does not reject has an interval that contains 0."""
+    if n < 2 or mean is None or sd is None or m < 1:
+        return None
+    half = float(stats.t.ppf(1 - alpha / (2 * m), n - 1)) * sd / math.sqrt(n)
+    return (mean - half, mean + half)
+
+
+def verdict(n: int, mean: float | None, ci: tuple[float, float] | None, p_holm: float | None,
             alpha: float = ALPHA) -> str:
-    """Verdict words from the Holm-corrected test only. Positive gap = worse out of distribution."""
+    """Verdict words from the Holm-corrected test only. Positive gap = worse out of distribution. ``ci``
+    is the comparison's simultaneous (Bonferroni) interval: the gaps the data still allow, corrected for
+    the same family as the test, so it agrees with the words."""
     if n < 2 or p_holm is None or mean is None:
         return TOO_FEW
     if p_holm < alpha:
         return WORSE if mean > 0 else BETTER
-    lo, hi = ci95 if ci95 is not None else (float("nan"), float("nan"))
-    return f"no detectable difference (CI [{lo:.3f}, {hi:.3f}])"
+    lo, hi = ci if ci is not None else (float("nan"), float("nan"))
+    return f"no detectable difference (simultaneous CI [{lo:.3f}, {hi:.3f}])"
 
 
 def eval_noise(window_losses: Sequence[float], confidence: float = 0.95, n_resamples: int = 2000,
@@ -262,8 +274,12 @@ def build_comparisons(pairs: Iterable[tuple[RunCurves, RunCurves]], domains: Seq
 
 
 def apply_holm(comparisons: list[dict], alpha: float = ALPHA) -> list[dict]:
-    """Set ``p_holm`` and ``verdict`` of every comparison from the Holm correction across all of them."""
+    """Set ``p_holm``, the simultaneous interval ``ci_simultaneous`` and ``verdict`` of every comparison
+    from the correction across all of them (the m comparisons that have a test)."""
+    m = sum(c["p"] is not None for c in comparisons)
     for c, ph in zip(comparisons, holm([c["p"] for c in comparisons])):
         c["p_holm"] = ph
-        c["verdict"] = verdict(c["n_seeds"], c["mean_gap"], c["ci95"], ph, alpha)
+        ci = simultaneous_ci(c["n_seeds"], c["mean_gap"], c.get("sd"), m, alpha) if ph is not None else None
+        c["ci_simultaneous"] = list(ci) if ci else None
+        c["verdict"] = verdict(c["n_seeds"], c["mean_gap"], ci, ph, alpha)
     return comparisons

@@ -3,7 +3,7 @@
     {"study", "size", "commit", "reference", "smooth", "near_unigram",
      "runs": [{"name", "seeds", "in_domain_loss", "unigram_loss", "context_gain", "ood": {domain: loss}, ...}],
      "comparisons": [{"run", "reference", "domain", "n_seeds", "per_seed", "mean_gap", "ci95", "p", "p_holm",
-                      "verdict", ...}]}
+                      "ci_simultaneous", "verdict", ...}]}
 
 Losses are means over seeds; ``unigram_loss`` is the unigram baseline's in-domain loss and
 ``context_gain`` = unigram_loss - in_domain_loss; gaps are the primary endpoint (docs/metrics.md).
