@@ -140,3 +140,32 @@ def test_chunked_head_trains_like_the_plain_head(tiny_corpus, tiny_recipe_path, 
         per_impl[impl] = losses(tmp_path / impl)[0]
     assert len(per_impl["plain"]) == 4
     assert per_impl["chunked"] == pytest.approx(per_impl["plain"], rel=1e-4)
+
+
+def test_a_parameter_without_gradient_does_not_stop_an_exact_resume(tiny_corpus, tiny_recipe_path, tmp_path, monkeypatch):
+    """Mamba blocks have no MLP, so their second norm never gets a gradient and has no optimizer state in
+    the checkpoint; resuming must still load it and continue exactly."""
+    import basecap.train as T
+
+    cfg = validate_run({**json.loads(run_cfg(tiny_recipe_path).model_dump_json()),
+                        "model": {"d_model": 32, "n_layers": 2, "max_seq_len": 32, "mixer": {"name": "mamba1", "d_state": 4}}})
+    assert cfg.model.mlp.name == "none"
+    train(cfg, tmp_path / "straight", corpus=tiny_corpus, log=lambda *_: None)
+    ref, ref_ev = losses(tmp_path / "straight")
+
+    orig = T.save_checkpoint
+
+    def save_then_stop(*a, **k):
+        orig(*a, **k)
+        raise KeyboardInterrupt  # stopped right after the first checkpoint
+
+    monkeypatch.setattr(T, "save_checkpoint", save_then_stop)
+    with pytest.raises(KeyboardInterrupt):
+        train(cfg, tmp_path / "stopped", corpus=tiny_corpus, log=lambda *_: None)
+    monkeypatch.setattr(T, "save_checkpoint", orig)
+    msgs = []
+    train(cfg, tmp_path / "stopped", corpus=tiny_corpus, log=msgs.append)
+    assert any("resuming from" in m for m in msgs)
+    got, got_ev = losses(tmp_path / "stopped")
+    assert got == ref  # exact, every step
+    assert [e["domains"] for e in got_ev] == [e["domains"] for e in ref_ev]

@@ -222,16 +222,40 @@ def load_weights(path: Path, model: torch.nn.Module):
         raise CheckpointError(f"checkpoint {path}: weights do not match the model (missing {sorted(set(missing) - tied)}, unexpected {unexpected})")
 
 
+def _drop_stateless_params(osd: dict, metadata: Metadata, path: Path):
+    """A parameter that never received a gradient (e.g. the unused norm of a block without MLP) has no
+    optimizer state in the checkpoint, while ``get_state_dict`` gives a fresh optimizer state for every
+    parameter. Drop those entries so the restored optimizer matches the saved one exactly (such a
+    parameter again has no state). A parameter whose state is only partly present is a damaged
+    checkpoint and still fails the load."""
+    saved, dropped = set(metadata.state_dict_metadata), []
+    for fqn in list(osd.get("state", {})):
+        keys = [f"optim.state.{fqn}.{k}" for k in osd["state"][fqn]]
+        present = [k in saved for k in keys]
+        if not any(present):
+            del osd["state"][fqn]
+            dropped.append(fqn)
+        elif not all(present):
+            missing = [k for k, ok in zip(keys, present) if not ok]
+            raise CheckpointError(f"checkpoint {path}: optimizer state of {fqn} is incomplete (missing {missing})")
+    return dropped
+
+
 def restore(path: Path, model: torch.nn.Module, optimizer) -> dict:
     """Model + optimizer state into a (possibly wrapped / sharded) model; returns trainer.json."""
     msd, osd = get_state_dict(model, optimizer)
-    state = {"model": msd, "optim": osd}
+    reader = SafeReader(path / "state")
     try:
         with _single_process_ok():
-            dcp.load(state, storage_reader=SafeReader(path / "state"), planner=SafeLoadPlanner())
+            dropped = _drop_stateless_params(osd, reader.read_metadata(), path)
+            state = {"model": msd, "optim": osd}
+            dcp.load(state, storage_reader=reader, planner=SafeLoadPlanner())
     except dcp.CheckpointException as e:
         raise CheckpointError(f"checkpoint {path}: {_reason(e)}") from None
-    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    # strict=False only lets parameters without optimizer state stay so; dcp.load above required every
+    # model key and the complete state of every other parameter
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"],
+                   options=StateDictOptions(strict=not dropped))
     return json.loads((path / "trainer.json").read_text())
 
 
