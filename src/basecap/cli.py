@@ -108,16 +108,21 @@ def _cmd_train(args):
     from .experiment import train_experiment
 
     main_rank = int(os.environ.get("RANK", "0")) == 0
-    for rc, final in train_experiment(args.experiment, args.set, args.run):
+    for rc, final in train_experiment(args.experiment, args.set, args.run, reuse=args.reuse):
         if main_rank:
             print(f"{rc.run_id}: in-domain loss {final['in_domain_loss']:.4f}; " +
                   ", ".join(f"{d} {v['loss']:.3f} ({v['bpb']:.3f} bpb)" for d, v in final["domains"].items()))
+
+
+REUSE_HELP = ("a study's output folder (e.g. runs/architectures-small) whose finished runs may stand in for runs of "
+              "this one with the same config but for their name: copied, relabelled, not trained again (repeatable)")
 
 
 def _add_train(sub) -> None:
     t = _command(sub, "train", _cmd_train, "train the runs of an experiment (resumes interrupted runs)")
     _experiment_args(t)
     t.add_argument("--run", action="append", default=[], metavar="NAME", help="only this run (repeatable)")
+    t.add_argument("--reuse", action="append", default=[], type=Path, metavar="DIR", help=REUSE_HELP)
 
 
 def _cmd_eval(args):
@@ -194,7 +199,7 @@ def _cmd_run(args):
     that two processes can share a study."""
     from .experiment import run_experiment
 
-    run_experiment(args.experiment, args.set, only=args.run)
+    run_experiment(args.experiment, args.set, only=args.run, reuse=args.reuse)
 
 
 def _add_run(sub) -> None:
@@ -203,6 +208,7 @@ def _add_run(sub) -> None:
     u.add_argument("--run", action="append", default=[], metavar="NAME",
                    help="only this run (repeatable): train, evaluate and run its suites, without the report, so that "
                         "several processes can share a study; a last call without --run writes the report")
+    u.add_argument("--reuse", action="append", default=[], type=Path, metavar="DIR", help=REUSE_HELP)
 
 
 def _cmd_mixers(args):

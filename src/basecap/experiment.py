@@ -106,8 +106,25 @@ def report_reference(exp: ExperimentConfig, runs: list[RunConfig]) -> str | None
     return next((n for n in names if n.split("@")[0] == exp.reference), exp.reference)
 
 
+def _reuse_then(train_fn, reuse: list[Path] | None, log):
+    """``train_fn`` that first copies a finished identical run from the ``reuse`` folders (basecap.reuse)."""
+    if not reuse:
+        return train_fn
+    from .reuse import reuse_run
+
+    for d in reuse:
+        if not Path(d).is_dir():
+            raise ConfigError(f"--reuse {d}: no such folder (give a study's output folder, e.g. runs/architectures-small)")
+
+    def fn(rc, run_dir):
+        if int(os.environ.get("RANK", "0")) == 0:
+            reuse_run(json.loads(rc.model_dump_json()), rc.run_id, Path(run_dir), list(reuse), log=log)
+        return train_fn(rc, run_dir)
+    return fn
+
+
 def train_experiment(path: str | Path, overrides: list[str] | None = None, only: list[str] | None = None,
-                     log=print) -> list[tuple[RunConfig, dict]]:
+                     log=print, reuse: list[Path] | None = None) -> list[tuple[RunConfig, dict]]:
     """``basecap train``: train the runs of an experiment (or those in ``only``) without evaluating or
     reporting; a tune experiment tunes first, exactly as ``run_experiment`` does. Under torchrun only rank 0
     logs. Returns (run, final evaluation record) per compared run."""
@@ -123,9 +140,7 @@ def train_experiment(path: str | Path, overrides: list[str] | None = None, only:
     device_type = "cuda" if torch.cuda.is_available() and runs[0].train.device != "cpu" else "cpu"
     corpus = rank0_first(lambda: prepare_corpus(runs, log=log), device_type, runs[0].train.dist_timeout_s)
 
-    def train_fn(rc, run_dir):
-        return train(rc, run_dir, corpus=corpus, log=log)
-
+    train_fn = _reuse_then(lambda rc, run_dir: train(rc, run_dir, corpus=corpus, log=log), reuse, log)
     return [(rc, train_fn(rc, exp.output_dir() / rc.run_id)) for rc in compared_runs(exp, runs, train_fn, only, log=log)]
 
 
@@ -174,7 +189,8 @@ def run_suites(exp: ExperimentConfig, rc: RunConfig, run_dir: Path, log=print):
         run_suite(run_dir, spec["suite"], out_dir=out, **opts)
 
 
-def run_experiment(path: str | Path, overrides: list[str] | None = None, log=print, only: list[str] | None = None) -> Path | None:
+def run_experiment(path: str | Path, overrides: list[str] | None = None, log=print, only: list[str] | None = None,
+                   reuse: list[Path] | None = None) -> Path | None:
     """Returns the path of the report (report.md). With ``only`` (run names, as ``basecap train --run``), the
     part of a study that one process can take while others take the rest: those runs are tuned, trained,
     evaluated and given their suites, and no speed section or report is written (None is returned); a later
@@ -191,11 +207,12 @@ def run_experiment(path: str | Path, overrides: list[str] | None = None, log=pri
     out = exp.output_dir()
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / "experiment.json", json.loads(exp.model_dump_json()))
-    runs = compared_runs(exp, runs, lambda rc, run_dir: train(rc, run_dir, corpus=corpus, log=log), only, log=log)
+    train_fn = _reuse_then(lambda rc, run_dir: train(rc, run_dir, corpus=corpus, log=log), reuse, log)
+    runs = compared_runs(exp, runs, train_fn, only, log=log)
     for i, rc in enumerate(runs, 1):
         log(f"== run {i}/{len(runs)}: {rc.run_id}")
         rd = RunDir(out / rc.run_id)
-        train(rc, rd.path, corpus=corpus, log=log)
+        train_fn(rc, rd.path)
         if not rd.eval_path.exists():
             evaluate_run(rd.path, corpus=corpus, log=log)
         run_suites(exp, rc, rd.path, log=log)

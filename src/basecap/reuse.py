@@ -1,0 +1,71 @@
+"""Reusing finished runs of another study (``--reuse DIR``).
+
+Studies share runs: the reference Transformer++ of an ablation is, run for run, the Transformer++ of the
+headline study when the data, model, training and evaluation settings and the seed agree. A run is a pure
+function of its resolved config (the batch of step s is a function of (seed, s); the name is only a
+label), so a finished run whose config equals this one in everything but ``name`` is this run: it is
+copied instead of trained again. The copy keeps its metrics, checkpoints and test evaluation; its
+``run.json`` gets this study's name and run id and says where it came from (``reused_from``), and its
+``git_commit`` stays the commit that trained it.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from .atomic import write_json
+from .rundir import RunDir
+
+LABELS = ("name",)  # config keys that only label a run
+
+
+def _key(config: dict) -> str:
+    return json.dumps({k: v for k, v in config.items() if k not in LABELS}, sort_keys=True)
+
+
+def find_reusable(config: dict, sources: list[Path]) -> Path | None:
+    """A finished run directory (done.json at the config's step count) under one of ``sources`` whose
+    config equals ``config`` except for its labels; the first found, sources in order."""
+    want, steps = _key(config), config["train"]["steps"]
+    for src in sources:
+        for info in sorted(Path(src).glob("*/run.json")):
+            rd = RunDir(info.parent)
+            try:
+                stored = json.loads(info.read_text(encoding="utf-8"))["config"]
+            except (OSError, ValueError, KeyError):
+                continue  # not a run directory basecap wrote, or one being written
+            done = rd.read_done()
+            if done is not None and done.get("steps") == steps and _key(stored) == want:
+                return rd.path
+    return None
+
+
+def reuse_run(config: dict, run_id: str, run_dir: Path, sources: list[Path], log=print) -> bool:
+    """Copy a finished, identical run of ``sources`` into ``run_dir`` (which must not exist yet), relabelled
+    as ``run_id``. Returns whether a run was reused. The copy lands under a temporary name and is renamed
+    into place, so an interrupted copy never looks like a run."""
+    run_dir = Path(run_dir)
+    if not sources or run_dir.exists():
+        return False
+    src = find_reusable(config, sources)
+    if src is None:
+        return False
+    tmp = run_dir.with_name(f".{run_dir.name}.reuse-tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(src, tmp, ignore=shutil.ignore_patterns("run.lock", "*.tmp"))
+    info = json.loads((tmp / "run.json").read_text(encoding="utf-8"))
+    old_id = info.get("run_id")
+    info["config"]["name"] = config["name"]
+    info["run_id"] = run_id
+    info["reused_from"] = {"run_dir": str(src), "run_id": old_id}
+    write_json(tmp / "run.json", info)
+    ev = tmp / "eval.json"
+    if ev.exists():
+        rec = json.loads(ev.read_text(encoding="utf-8"))
+        rec["run_id"] = run_id
+        write_json(ev, rec)
+    tmp.rename(run_dir)
+    log(f"[{run_id}] reused {src} (the same config but for its name; trained at commit {str(info.get('git_commit'))[:7]})")
+    return True

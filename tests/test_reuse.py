@@ -1,0 +1,70 @@
+"""--reuse DIR: a finished run of another study with the same config but for its name stands in for a run
+(copied, relabelled, not trained again); any other difference trains anew."""
+
+import json
+
+import pytest
+
+from basecap.config_base import ConfigError
+from tests.test_sweep import write_exp
+
+
+def metrics(run_dir):
+    return (run_dir / "metrics.jsonl").read_text()
+
+
+def test_an_identical_finished_run_is_reused_relabelled_and_another_is_trained(tiny_recipe_path, tmp_path):
+    from basecap.experiment import run_experiment
+
+    first = tmp_path / "first"
+    first.mkdir()
+    run_experiment(write_exp(first, tiny_recipe_path), log=lambda *_: None)  # tpp and abs, seed 0
+    second = tmp_path / "second"
+    second.mkdir()
+    runs = """
+[[runs]]
+name = "rope"
+model.mixer = {name = "attention", head_dim = 8}
+[[runs]]
+name = "alibi"
+model.mixer = {name = "attention", head_dim = 8, position = "alibi"}
+"""
+    path = write_exp(second, tiny_recipe_path, runs=runs).read_text().replace('reference = "tpp"', 'reference = "rope"')
+    (second / "exp.toml").write_text(path)
+    lines = []
+    rep = run_experiment(second / "exp.toml", log=lines.append, reuse=[first / "runs"])
+    src, dst = first / "runs" / "tpp-s0", second / "runs" / "rope-s0"
+    assert any("[rope-s0] reused" in m for m in lines) and not any("[alibi-s0] reused" in m for m in lines)
+    assert metrics(dst) == metrics(src)  # the same training, not a new one
+    info = json.loads((dst / "run.json").read_text())
+    assert info["run_id"] == "rope-s0" and info["config"]["name"] == "rope"
+    assert info["reused_from"] == {"run_dir": str(src), "run_id": "tpp-s0"}
+    assert json.loads((dst / "eval.json").read_text())["run_id"] == "rope-s0"
+    assert (second / "runs" / "alibi-s0" / "done.json").is_file() and "reused_from" not in json.loads(
+        (second / "runs" / "alibi-s0" / "run.json").read_text())
+    summary = json.loads((rep.parent / "summary.json").read_text())
+    assert {r["name"] for r in summary["runs"]} == {"rope", "alibi"}
+    # a run that already exists is never replaced; a different setting (steps) is not reused
+    assert not any("reused" in m for m in [*_run(second, tiny_recipe_path, runs, first, "")])
+    out = _run(tmp_path / "third", tiny_recipe_path, runs, first, "steps = 6", "steps = 9")
+    assert not any("reused" in m for m in out)
+
+
+def _run(folder, recipe, runs, first, old, new=None):
+    from basecap.experiment import run_experiment
+
+    folder.mkdir(exist_ok=True)
+    text = write_exp(folder, recipe, runs=runs).read_text().replace('reference = "tpp"', 'reference = "rope"')
+    if new is not None:
+        text = text.replace(old, new)
+    (folder / "exp.toml").write_text(text)
+    lines = []
+    run_experiment(folder / "exp.toml", log=lines.append, reuse=[first / "runs"])
+    return lines
+
+
+def test_a_missing_reuse_folder_is_a_clear_error(tiny_recipe_path, tmp_path):
+    from basecap.experiment import run_experiment
+
+    with pytest.raises(ConfigError, match="--reuse .*nope: no such folder"):
+        run_experiment(write_exp(tmp_path, tiny_recipe_path), log=lambda *_: None, reuse=[tmp_path / "nope"])
