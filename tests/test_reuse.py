@@ -44,6 +44,7 @@ model.mixer = {name = "attention", head_dim = 8, position = "alibi"}
         (second / "runs" / "alibi-s0" / "run.json").read_text())
     summary = json.loads((rep.parent / "summary.json").read_text())
     assert {r["name"] for r in summary["runs"]} == {"rope", "alibi"}
+    assert [k for k, v in summary["commits"].items() if "reused_from" in v] == ["rope-s0"]
     # a run that already exists is never replaced; a different setting (steps) is not reused
     assert not any("reused" in m for m in [*_run(second, tiny_recipe_path, runs, first, "")])
     out = _run(tmp_path / "third", tiny_recipe_path, runs, first, "steps = 6", "steps = 9")

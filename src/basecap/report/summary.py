@@ -33,8 +33,10 @@ def study_of(run_dirs: list[Path]) -> tuple[str | None, str | None]:
 
 
 def _commit(runs) -> tuple[str | None, dict]:
-    """The code commit shared by every run (None when they differ), and each run's commit and dirty flag."""
-    each = {r.run_id: {"commit": r.info.get("git_commit"), "dirty": r.info.get("git_dirty")} for r in runs}
+    """The code commit shared by every run (None when they differ), and each run's commit and dirty flag (and,
+    for a run copied from another study with ``--reuse``, where it came from)."""
+    each = {r.run_id: {"commit": r.info.get("git_commit"), "dirty": r.info.get("git_dirty"),
+                       **({"reused_from": r.info["reused_from"]} if r.info.get("reused_from") else {})} for r in runs}
     commits = {v["commit"] for v in each.values()}
     return (commits.pop() if len(commits) == 1 else None), each
 
