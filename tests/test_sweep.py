@@ -258,6 +258,17 @@ def test_tune_then_compare_end_to_end(tiny_recipe_path, tmp_path):
     assert text.index("## Tuning: train.lr") < text.index("## Final evaluation")
     assert "| tpp |" in text and "**" in text and (rep.parent / "sweep.png").is_file()
     assert "tpp@" not in text.split("## Final evaluation")[1]  # the comparison: plain names only
+    # the gap at each fixed value against the reference at the same value, and at the chosen values: both chose
+    # 1e-2, so the "chosen" gap is the gap at the fixed 1e-2
+    from basecap.report.sweep import fixed_vs_tuned
+
+    assert "### Does a fixed value change the verdict? (tuning seeds only)" in text
+    rows = fixed_vs_tuned(json.loads((runs / TUNING_FILE).read_text()), runs, "tpp")
+    assert [(r["run"], r["domain"]) for r in rows] == [("abs", "code")]
+    assert set(rows[0]["fixed"]) == {"train.lr=1e-06", "train.lr=0.01"} and rows[0]["tuned"] == rows[0]["fixed"]["train.lr=0.01"]
+    cell = lambda v: "-" if v is None else f"{v:+.3f}"  # noqa: E731 - None: the two curves do not overlap
+    assert rows[0]["tuned"] is not None
+    assert f"| abs | code | {cell(rows[0]['fixed']['train.lr=1e-06'])} | {cell(rows[0]['tuned'])} | {cell(rows[0]['tuned'])} |" in text
     # basecap train: the same order; the stored choice stands, finished runs are not trained again
     trained = train_experiment(path, only=["abs"], log=lambda *_: None)
     assert [(rc.run_id, rc.train.lr) for rc, _ in trained] == [("abs-s0", 0.01)]

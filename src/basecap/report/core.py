@@ -326,7 +326,7 @@ def report(run_dirs: list[str | Path], out_dir: str | Path, reference: str | Non
     if tuning_json is not None:
         from .sweep import add_sweep_section
 
-        md, images = add_sweep_section(md, images, tuning_json, out)
+        md, images = add_sweep_section(md, images, tuning_json, out, reference=summary["reference"])
     atomic_write(out / "report.md", md)
     atomic_write(out / "report.html", render_html(md, images))
     write_json(out / "summary.json", build_summary(summary, runs, *study_of([r.dir for r in runs])), allow_nan=False)

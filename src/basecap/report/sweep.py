@@ -11,14 +11,18 @@ from pathlib import Path
 FIGURE = "sweep.png"
 
 
-def add_sweep_section(md: str, images: list[Path], tuning_json: str | Path, out: Path) -> tuple[str, list[Path]]:
+def add_sweep_section(md: str, images: list[Path], tuning_json: str | Path, out: Path,
+                      reference: str | None = None) -> tuple[str, list[Path]]:
     """``md`` with the tuning section inserted before the final evaluation, and the sweep plot first in
-    ``images``; unchanged when the file is missing or holds no run."""
+    ``images``; unchanged when the file is missing or holds no run. With ``reference``, the section also
+    shows the OOD gap at each fixed value against the reference at the same value (``fixed_vs_tuned``)."""
     path = Path(tuning_json)
     tuning = json.loads(path.read_text()) if path.is_file() else {}
     if not tuning.get("runs"):
         return md, images
     lines = sweep_markdown(tuning)
+    if reference is not None:
+        lines += fixed_vs_tuned_markdown(fixed_vs_tuned(tuning, path.parent, reference))
     figure = sweep_plot(tuning, out)
     lines += ["", f"![sweep]({figure.name})", ""]
     marker = "## Final evaluation"
@@ -112,3 +116,66 @@ def sweep_plot(tuning: dict, out: Path) -> Path:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def fixed_vs_tuned(tuning: dict, runs_dir: Path, reference: str) -> list[dict]:
+    """Would a fixed value have given another verdict? From the tuning runs alone (tuning seeds): for every
+    run but the reference and every domain it did not train on, the primary OOD gap at matched in-domain loss
+    (``report.stats.matched_endpoints``) against the reference trained at the same values, for each point of
+    the grid, and at each run's own chosen values. Mean over the tuning seeds both have; None where a run
+    is missing or the curves do not overlap. Rows: {"run", "domain", "fixed": {point: gap}, "tuned": gap}."""
+    from .core import load_run
+    from .stats import matched_endpoints
+
+    runs = tuning["runs"]
+    if reference not in runs:
+        return []
+    seeds = [str(s) for s in tuning["seeds"]]
+
+    def curves(name: str, seed: str):
+        d = runs_dir / f"{name}-s{seed}"
+        if not (d / "metrics.jsonl").is_file():
+            return None
+        r = load_run(d)
+        return r if r.evals else None
+
+    def gap(name: str, ref_name: str, domain: str) -> float | None:
+        vals = []
+        for seed in seeds:
+            a, b = curves(name, seed), curves(ref_name, seed)
+            if a is None or b is None or domain not in a.domains or domain not in b.domains:
+                continue
+            g = matched_endpoints([e["in_domain_loss"] for e in a.evals], [e["domains"][domain]["loss"] for e in a.evals],
+                                  [e["in_domain_loss"] for e in b.evals], [e["domains"][domain]["loss"] for e in b.evals])
+            if g.ok:
+                vals.append(g.primary)
+        return statistics.fmean(vals) if vals else None
+
+    ref = runs[reference]
+    ref_at = {json.dumps(t["values"], sort_keys=True): t["name"] for t in ref["tried"]}
+    rows = []
+    for name, entry in runs.items():
+        if name == reference:
+            continue
+        first = curves(entry["tried"][0]["name"], seeds[0])
+        for domain in (first.ood_domains if first is not None else []):
+            fixed = {_values_text(t["values"]): (gap(t["name"], ref_at[k], domain) if (k := json.dumps(t["values"], sort_keys=True)) in ref_at else None)
+                     for t in entry["tried"]}
+            rows.append({"run": name, "domain": domain, "fixed": fixed, "tuned": gap(entry["chosen_name"], ref["chosen_name"], domain)})
+    return rows
+
+
+def fixed_vs_tuned_markdown(rows: list[dict]) -> list[str]:
+    if not rows:
+        return []
+    points = list(rows[0]["fixed"])
+    num = lambda v: "-" if v is None else f"{v:+.3f}"  # noqa: E731
+    lines = ["", "### Does a fixed value change the verdict? (tuning seeds only)", "",
+             ("Primary OOD gap at matched in-domain loss against the reference, both trained at the same fixed value (one "
+              "column per value), and at each one's own chosen value (last column), from the tuning runs. Positive = worse "
+              "OOD than the reference. One number per tuning seed, no interval: it shows whether the choice of a shared "
+              "value can move or flip a gap, not whether a gap is real (the comparison below answers that)."), "",
+             "| run | domain | " + " | ".join(points) + " | each at its chosen value |", "|" + "---|" * (len(points) + 3)]
+    for r in rows:
+        lines.append(f"| {r['run']} | {r['domain']} | " + " | ".join(num(r["fixed"][p]) for p in points) + f" | {num(r['tuned'])} |")
+    return lines
