@@ -269,6 +269,13 @@ def test_tune_then_compare_end_to_end(tiny_recipe_path, tmp_path):
     cell = lambda v: "-" if v is None else f"{v:+.3f}"  # noqa: E731 - None: the two curves do not overlap
     assert rows[0]["tuned"] is not None
     assert f"| abs | code | {cell(rows[0]['fixed']['train.lr=1e-06'])} | {cell(rows[0]['tuned'])} | {cell(rows[0]['tuned'])} |" in text
+    # basecap report --tuning: the same tuning section from the command line; a missing file is a clear error
+    from basecap.cli import main
+
+    rep2 = tmp_path / "rep2"
+    assert main(["report", str(runs / "tpp-s0"), str(runs / "abs-s0"), "--out", str(rep2), "--tuning", str(runs / TUNING_FILE)]) == 0
+    assert "### Does a fixed value change the verdict?" in (rep2 / "report.md").read_text() and (rep2 / "sweep.png").is_file()
+    assert main(["report", str(runs / "tpp-s0"), "--tuning", str(tmp_path / "nope.json")]) == 2
     # basecap train: the same order; the stored choice stands, finished runs are not trained again
     trained = train_experiment(path, only=["abs"], log=lambda *_: None)
     assert [(rc.run_id, rc.train.lr) for rc, _ in trained] == [("abs-s0", 0.01)]

@@ -179,7 +179,10 @@ def _cmd_report(args):
     from .report import report
 
     out = args.out or (Path(args.run_dirs[0]).parent / "report")
-    path = report(args.run_dirs, out, reference=args.reference, smooth=args.smooth, speed_json=args.speed)
+    if args.tuning is not None and not Path(args.tuning).is_file():
+        raise ConfigError(f"--tuning {args.tuning}: no such file (a tune experiment writes <out_dir>/tuning.json)")
+    path = report(args.run_dirs, out, reference=args.reference, smooth=args.smooth, speed_json=args.speed,
+                  tuning_json=args.tuning)
     print(path.read_text().split("## Figures")[0].rstrip())
     print(f"report: {path.parent / 'report.html'} (and report.md)")
 
@@ -191,6 +194,8 @@ def _add_report(sub) -> None:
     r.add_argument("--reference", default=None, help="run name to compare against (default: the first run)")
     r.add_argument("--smooth", type=int, default=3, help="moving average over this many evaluations before matching")
     r.add_argument("--speed", default=None, help="a `basecap bench mixers` JSON to include as the speed section")
+    r.add_argument("--tuning", default=None, help="a tune experiment's tuning.json: the tuning section (sweep plot, the "
+                                                   "choices, the gap at each fixed value)")
 
 
 def _cmd_run(args):
