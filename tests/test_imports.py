@@ -98,7 +98,7 @@ LAYERS = [
     ["data", "mixers", "tracking"],
     ["model", "matching", "config"],
     ["rundir", "checkpoint"],
-    ["train", "eval", "report"],
+    ["train", "eval", "report", "reuse"],
     ["experiment", "bench", "hf", "catalog", "plan", "sweep", "tune"],
     ["cli", "__main__", "lm_eval_plugin"],
 ]

@@ -14,50 +14,16 @@ from __future__ import annotations
 
 import statistics
 from collections import defaultdict
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from ..rundir import RunDir, atomic_write, write_json
+from ..rundir import atomic_write, write_json
 from .baselines import NEAR_UNIGRAM_NATS, run_unigram, unigram_in_domain
 from .page import render_html
+from .runs import Run, load_run
 from .stats import SMOOTH, RunCurves, apply_holm, build_comparisons, matched_endpoints
 from .summary import build_summary, study_of
-
-
-@dataclass
-class Run:
-    dir: Path
-    run_id: str
-    name: str
-    seed: int
-    info: dict
-    train: list[dict] = field(default_factory=list)
-    evals: list[dict] = field(default_factory=list)
-
-    @property
-    def in_domains(self) -> list[str]:
-        w = self.info["config"]["data"]["train_weights"]
-        return [d for d, v in w.items() if v > 0]
-
-    @property
-    def domains(self) -> list[str]:
-        return list(self.evals[-1]["domains"]) if self.evals else []
-
-    @property
-    def ood_domains(self) -> list[str]:
-        return [d for d in self.domains if d not in self.in_domains]
-
-
-def load_run(run_dir: str | Path) -> Run:
-    rd = RunDir(run_dir)
-    info = rd.read_info()
-    cfg = info["config"]
-    run = Run(rd.path, info["run_id"], cfg["name"], cfg["seed"], info)
-    for rec in rd.read_metrics():
-        (run.evals if rec.get("kind") == "eval" else run.train).append(rec)
-    return run
 
 
 def _curve(run: Run, domain: str) -> tuple[np.ndarray, np.ndarray]:

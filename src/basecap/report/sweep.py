@@ -124,7 +124,7 @@ def fixed_vs_tuned(tuning: dict, runs_dir: Path, reference: str) -> list[dict]:
     (``report.stats.matched_endpoints``) against the reference trained at the same values, for each point of
     the grid, and at each run's own chosen values. Mean over the tuning seeds both have; None where a run
     is missing or the curves do not overlap. Rows: {"run", "domain", "fixed": {point: gap}, "tuned": gap}."""
-    from .core import load_run
+    from .runs import load_run
     from .stats import matched_endpoints
 
     runs = tuning["runs"]
