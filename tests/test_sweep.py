@@ -315,3 +315,20 @@ def test_a_size_table_brings_its_own_grid_and_set_wins(tmp_path):
     assert load_experiment(p, ["size=gpu"]).sweep == {"train.lr": [3e-4, 6e-4]}
     assert load_experiment(p, ["size=gpu", "sweep.train.lr=[1e-4]"]).sweep == {"train.lr": [1e-4]}
     assert [r.train.lr for r in load_experiment(p, ["size=gpu"]).run_configs()] == [3e-4, 6e-4]
+
+
+def test_tune_false_and_an_empty_sweep_give_a_shared_value_control(tmp_path):
+    """--set tune=false --set 'sweep={}' --set train.lr=X: the tune study's runs, every one at X, no tuning runs,
+    names without values; the empty sweep wins over a size table's grid. Each run's config equals the tune
+    study's comparison run at the chosen X (so --reuse can share them)."""
+    p = write_exp(tmp_path, extra=TUNE + '\n[sizes.cpu]\nsweep = { "train.lr" = [3e-4, 6e-4] }\n')
+    tuned = load_experiment(p, ["size=cpu"])
+    assert tuned.tune is not None and len(tuned.run_configs()) == 4  # 2 runs x 2 values on seed 100
+    control = load_experiment(p, ["size=cpu", "sweep={}", "tune=false", "train.lr=6e-4"])
+    assert control.tune is None and control.sweep == {}
+    runs = control.run_configs()
+    assert [(r.name, r.seed, r.train.lr) for r in runs] == [("tpp", 0, 6e-4), ("abs", 0, 6e-4)]
+    chosen = tuned.comparison_configs({"tpp": {"train.lr": 6e-4}, "abs": {"train.lr": 6e-4}})
+    assert [r.model_dump() for r in chosen] == [r.model_dump() for r in runs]
+    with pytest.raises(ConfigError, match="swept"):  # the grid is still there without sweep={}
+        load_experiment(p, ["size=cpu", "tune=false", "train.lr=6e-4"])

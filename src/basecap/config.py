@@ -174,7 +174,8 @@ class ExperimentConfig(Strict):
     sweep: dict[str, Any] = Field(default_factory=dict, description="config key (as --set spells it, e.g. train.lr) -> list of values: "
                                   "every run is repeated at every combination, named after its values")
     tune: TuneConfig | None = Field(None, description="tune = { keys, seeds, metric }: choose each run's value of swept keys on "
-                                    "tuning seeds (in-domain validation loss), then compare at the chosen values")
+                                    "tuning seeds (in-domain validation loss), then compare at the chosen values; "
+                                    "tune = false (--set tune=false) turns it off, e.g. for a shared-value control")
     data: dict[str, Any] = Field(default_factory=dict)
     model: dict[str, Any] = Field(default_factory=dict)
     train: dict[str, Any] = Field(default_factory=dict)
@@ -187,6 +188,11 @@ class ExperimentConfig(Strict):
     @classmethod
     def _flat_sweep(cls, v):
         return flatten_keys(v) if isinstance(v, dict) else v
+
+    @field_validator("tune", mode="before")
+    @classmethod
+    def _tune_off(cls, v):
+        return None if v is False else v  # TOML has no null: false is the way to switch tuning off
 
     @field_validator("name")
     @classmethod
@@ -437,7 +443,7 @@ def load_experiment(path: str | Path, overrides: list[str] | None = None) -> Exp
     if "overrides" in data:
         raise ConfigError(f"{path}: overrides: set with --set on the command line, not in the file")
     top, runs = _split_overrides(overrides or [])
-    swept = [o for o in top if o.startswith("sweep.")]  # file < size table's sweep < --set sweep.*
+    swept = [o for o in top if o.startswith("sweep.") or o.split("=")[0].strip() == "sweep"]  # file < size's sweep < --set sweep*
     data = apply_overrides(apply_size_sweep(apply_overrides(data, [o for o in top if o not in swept])), swept)
     for key in runs:
         check_run_key(key)
