@@ -238,3 +238,30 @@ def test_markdown_inline_spans_become_text_spans():
     got = blocks("# T <i>\n\n| a | **b** |\n|---|---|\n| 1 | <2> |\n![p](p.png)\n> **warn** x\ntext")
     assert [b["kind"] for b in got] == ["heading", "table", "warn", "para"]
     assert got[1]["head"] == [[("text", "a")], [("strong", "b")]] and got[1]["rows"] == [[[("text", "1")], [("text", "<2>")]]]
+
+
+def test_an_archived_report_is_written_again_from_the_results_folder_alone(tmp_path):
+    """report(archive=True) keeps each run's records (no checkpoints) and the study's experiment.json under
+    OUT/runs/; a report over OUT/runs/* then gives the same summary.json and report.md, even with the
+    original run folders gone."""
+    import shutil
+
+    exp = tmp_path / "study"
+    exp.mkdir()
+    (exp / "experiment.json").write_text(json.dumps({"name": "architectures", "size": "small"}))
+    dirs = [fake_run(exp, n, s, off + 0.01 * s, unigram={"prose": 6.9, "code": 8.6}, windows=16)
+            for n, off in (("ref", 1.0), ("ssm", 1.3)) for s in range(3)]
+    (dirs[0] / "checkpoints" / "step_10").mkdir(parents=True)
+    (dirs[0] / "checkpoints" / "step_10" / "model.safetensors").write_bytes(b"x" * 100)
+    (dirs[0] / "eval.json").write_text(json.dumps({"split": "test"}))
+    (dirs[0] / "eval_mqar.json").write_text(json.dumps({"suite": "mqar", "runs": []}))
+    out = tmp_path / "results"
+    report(dirs, out, reference="ref", archive=True)
+    first_md, first = (out / "report.md").read_text(), json.loads((out / "summary.json").read_text())
+    kept = sorted(str(p.relative_to(out / "runs")) for p in (out / "runs").rglob("*") if p.is_file())
+    assert "ref-s0/eval.json" in kept and "ref-s0/eval_mqar.json" in kept and "experiment.json" in kept
+    assert "ssm-s2/metrics.jsonl" in kept and "ssm-s2/run.json" in kept and not any("checkpoints" in k for k in kept)
+    shutil.rmtree(exp)
+    report(sorted((out / "runs").glob("*-s*")), out, reference="ref", archive=True)
+    assert json.loads((out / "summary.json").read_text()) == first
+    assert (out / "report.md").read_text() == first_md

@@ -182,7 +182,7 @@ def _cmd_report(args):
     if args.tuning is not None and not Path(args.tuning).is_file():
         raise ConfigError(f"--tuning {args.tuning}: no such file (a tune experiment writes <out_dir>/tuning.json)")
     path = report(args.run_dirs, out, reference=args.reference, smooth=args.smooth, speed_json=args.speed,
-                  tuning_json=args.tuning)
+                  tuning_json=args.tuning, archive=args.archive)
     print(path.read_text().split("## Figures")[0].rstrip())
     print(f"report: {path.parent / 'report.html'} (and report.md)")
 
@@ -196,6 +196,10 @@ def _add_report(sub) -> None:
     r.add_argument("--speed", default=None, help="a `basecap bench mixers` JSON to include as the speed section")
     r.add_argument("--tuning", default=None, help="a tune experiment's tuning.json: the tuning section (sweep plot, the "
                                                    "choices, the gap at each fixed value)")
+    r.add_argument("--archive", action="store_true",
+                   help="also copy every run's records (run.json, metrics.jsonl, eval.json, suite results; no checkpoints) "
+                        "to OUT/runs/ and the --tuning file to OUT/, so `basecap report OUT/runs/* --out OUT` writes the "
+                        "same report again from the results folder alone")
 
 
 def _cmd_run(args):

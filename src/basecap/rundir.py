@@ -123,6 +123,12 @@ class RunDir:
         """Every stored suite result, unnamed entries first."""
         return sorted([*self.path.glob(suite_file("*")), *self.path.glob(f"suite_*/{suite_file('*')}")])
 
+    def records(self) -> list[Path]:
+        """The files a report reads (run.json, metrics.jsonl, done.json, eval.json, suite results): everything
+        but checkpoints, locks and logger files. Small, so a study's results can keep them next to its report."""
+        fixed = [self.info_path, self.metrics_path, self.done_path, self.eval_path]
+        return [f for f in fixed if f.is_file()] + self.suite_results()
+
     @staticmethod
     def suite_label(result: Path) -> str | None:
         """The entry name of a suite result stored under ``suite_<name>/``, else None."""

@@ -18,12 +18,12 @@ from pathlib import Path
 
 import numpy as np
 
-from ..rundir import atomic_write, write_json
+from ..rundir import RunDir, atomic_write, write_json
 from .baselines import NEAR_UNIGRAM_NATS, run_unigram, unigram_in_domain
 from .page import render_html
 from .runs import Run, load_run
 from .stats import SMOOTH, RunCurves, apply_holm, build_comparisons, matched_endpoints
-from .summary import build_summary, study_of
+from .summary import EXPERIMENT_FILE, build_summary, study_of
 
 
 def _curve(run: Run, domain: str) -> tuple[np.ndarray, np.ndarray]:
@@ -268,11 +268,35 @@ def _num(v: float | None, p: int = 3) -> str:
     return "-" if v is None else f"{v:.{p}f}"
 
 
+def archive_runs(run_dirs: list[str | Path], out_dir: str | Path) -> Path:
+    """Copy the records of every run (``RunDir.records``: no checkpoints) to ``<out_dir>/runs/<run folder>/``,
+    so the report can be written again from the results folder alone:
+    ``basecap report <out_dir>/runs/* --out <out_dir>``. Returns the runs folder."""
+    import shutil
+
+    dest = Path(out_dir) / "runs"
+    for d in run_dirs:
+        rd = RunDir(d)
+        if rd.path.resolve().parent == dest.resolve():
+            continue  # the report is being written again from its own archive
+        for f in rd.records():
+            target = dest / rd.name / f.relative_to(rd.path)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            tmp = target.with_name(f".{target.name}.tmp")
+            shutil.copyfile(f, tmp)
+            tmp.replace(target)
+    parents = {Path(d).resolve().parent for d in run_dirs}
+    if len(parents) == 1 and (exp := parents.pop() / EXPERIMENT_FILE).is_file() and exp.parent != dest.resolve():
+        atomic_write(dest / EXPERIMENT_FILE, exp.read_text())  # the study's name and size (report.summary.study_of)
+    return dest
+
+
 def report(run_dirs: list[str | Path], out_dir: str | Path, reference: str | None = None, smooth: int = SMOOTH,
-           speed_json: str | Path | None = None, tuning_json: str | Path | None = None) -> Path:
+           speed_json: str | Path | None = None, tuning_json: str | Path | None = None, archive: bool = False) -> Path:
     """Write report.md, report.html (self-contained, every text escaped: ``report.page``), summary.json and PNG
     plots into ``out_dir``;
-    returns the path of report.md. ``tuning_json``: a tune experiment's choice, shown before the comparison."""
+    returns the path of report.md. ``tuning_json``: a tune experiment's choice, shown before the comparison.
+    ``archive``: also keep every run's records under ``out_dir/runs/`` (``archive_runs``)."""
     runs = [load_run(d) for d in run_dirs]
     if not runs:
         raise ValueError("report: no run directories given")
@@ -296,4 +320,8 @@ def report(run_dirs: list[str | Path], out_dir: str | Path, reference: str | Non
     atomic_write(out / "report.md", md)
     atomic_write(out / "report.html", render_html(md, images))
     write_json(out / "summary.json", build_summary(summary, runs, *study_of([r.dir for r in runs])), allow_nan=False)
+    if archive:
+        archive_runs([r.dir for r in runs], out)
+        if tuning_json is not None and Path(tuning_json).resolve() != (out / "tuning.json").resolve():
+            atomic_write(out / "tuning.json", Path(tuning_json).read_text())
     return out / "report.md"
