@@ -111,3 +111,22 @@ def test_a_second_train_on_a_held_run_directory_fails(tiny_corpus, tiny_recipe_p
         proc.kill()
         proc.wait()
     assert not (tmp_path / "r" / "metrics.jsonl").exists()
+
+
+def test_the_commit_is_read_once_per_process(monkeypatch):
+    """A process keeps the code it imported: every run it trains records the commit read at its first run, not
+    a commit made while it was training (``--run`` trains several runs in one process)."""
+    import subprocess
+
+    import torch
+
+    from basecap import rundir
+
+    rundir.git_state.cache_clear()
+    calls, real = [], subprocess.run
+    monkeypatch.setattr(rundir.subprocess, "run", lambda cmd, **kw: (calls.append(cmd), real(cmd, **kw))[1])
+    first = rundir.environment_info(torch.device("cpu"))
+    second = rundir.environment_info(torch.device("cpu"))
+    assert (first["git_commit"], first["git_dirty"]) == (second["git_commit"], second["git_dirty"])
+    assert len([c for c in calls if c[0] == "git"]) <= 2  # rev-parse and status, once
+    rundir.git_state.cache_clear()

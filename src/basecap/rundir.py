@@ -18,6 +18,7 @@ Every module that reads or writes one of these goes through ``RunDir``, so a fil
 from __future__ import annotations
 
 import fcntl
+import functools
 import json
 import os
 import platform
@@ -42,6 +43,20 @@ class RunDirBusy(RuntimeError):
     """Another process holds the run directory's lock."""
 
 
+@functools.lru_cache(maxsize=1)
+def git_state() -> tuple[str | None, bool | None]:
+    """(commit, dirty) of the source tree, read once per process: a process keeps the code it imported, so a
+    later run of the same process (``--run`` trains several) must not report a commit made after it started."""
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
+                                cwd=Path(__file__).parent).stdout.strip() or None
+        dirty = bool(subprocess.run(["git", "status", "--porcelain"], capture_output=True, text=True, timeout=5,
+                                    cwd=Path(__file__).parent).stdout.strip()) if commit else None
+    except (OSError, subprocess.SubprocessError):
+        commit, dirty = None, None
+    return commit, dirty
+
+
 def environment_info(device) -> dict:
     """Provenance recorded next to every result: git commit (and whether the tree was dirty), Python,
     platform, package versions and the torch device."""
@@ -53,13 +68,7 @@ def environment_info(device) -> dict:
         except metadata.PackageNotFoundError:
             return None
 
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
-                                cwd=Path(__file__).parent).stdout.strip() or None
-        dirty = bool(subprocess.run(["git", "status", "--porcelain"], capture_output=True, text=True, timeout=5,
-                                    cwd=Path(__file__).parent).stdout.strip()) if commit else None
-    except (OSError, subprocess.SubprocessError):
-        commit, dirty = None, None
+    commit, dirty = git_state()
     dev = {"type": device.type, "threads": torch.get_num_threads(), "cpu": platform.processor() or platform.machine()}
     if device.type == "cuda":
         dev["name"] = torch.cuda.get_device_name(device)
