@@ -335,7 +335,8 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as e:
         if not _is_user_error(e):
             raise
-        print(f"error: {e}", file=sys.stderr, flush=True)
+        sys.stderr.write(f"error: {e}\n")  # one write: unbuffered, print's text and newline are two, and the
+        sys.stderr.flush()                  # ranks of a torchrun job (same stderr) could interleave between them
         _wait_for_peers()
         return 2
     except KeyboardInterrupt:
