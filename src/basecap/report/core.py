@@ -272,8 +272,6 @@ def archive_runs(run_dirs: list[str | Path], out_dir: str | Path) -> Path:
     """Copy the records of every run (``RunDir.records``: no checkpoints) to ``<out_dir>/runs/<run folder>/``,
     so the report can be written again from the results folder alone:
     ``basecap report <out_dir>/runs/* --out <out_dir>``. Returns the runs folder."""
-    import shutil
-
     dest = Path(out_dir) / "runs"
     for d in run_dirs:
         rd = RunDir(d)
@@ -282,9 +280,7 @@ def archive_runs(run_dirs: list[str | Path], out_dir: str | Path) -> Path:
         for f in rd.records():
             target = dest / rd.name / f.relative_to(rd.path)
             target.parent.mkdir(parents=True, exist_ok=True)
-            tmp = target.with_name(f".{target.name}.tmp")
-            shutil.copyfile(f, tmp)
-            tmp.replace(target)
+            atomic_write(target, f.read_text(encoding="utf-8"))  # every record is JSON text
     parents = {Path(d).resolve().parent for d in run_dirs}
     if len(parents) == 1 and (exp := parents.pop() / EXPERIMENT_FILE).is_file() and exp.parent != dest.resolve():
         atomic_write(dest / EXPERIMENT_FILE, exp.read_text())  # the study's name and size (report.summary.study_of)
