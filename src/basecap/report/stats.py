@@ -23,6 +23,7 @@ SMOOTH = 3
 GRID_POINTS = 50
 
 WORSE, BETTER, TOO_FEW = "worse OOD", "better OOD", "too few seeds"
+NO_RANGE = "no common in-domain range"  # no seed's curves overlap in in-domain loss: nothing to match at
 
 
 def moving_average(x: Sequence[float], k: int) -> np.ndarray:
@@ -268,7 +269,7 @@ def build_comparisons(pairs: Iterable[tuple[RunCurves, RunCurves]], domains: Seq
             "mean_gap": t.mean, "sd": t.sd, "ci95": list(t.ci95) if t.ci95 else None, "p": t.p, "p_holm": None,
             "verdict": TOO_FEW, "secondary_mean_gap": float(np.mean(secondary)) if secondary else None,
             "end_gap": float(np.mean(end)) if end else None, "eval_se": se, "dominant_noise": dominant_noise(t.sd, se),
-            "notes": notes,
+            "notes": notes, "unmatched_seeds": len(members) - len(seeds),
         })
     return apply_holm(out, alpha)
 
@@ -282,4 +283,6 @@ def apply_holm(comparisons: list[dict], alpha: float = ALPHA) -> list[dict]:
         ci = simultaneous_ci(c["n_seeds"], c["mean_gap"], c.get("sd"), m, alpha) if ph is not None else None
         c["ci_simultaneous"] = list(ci) if ci else None
         c["verdict"] = verdict(c["n_seeds"], c["mean_gap"], ci, ph, alpha)
+        if c["n_seeds"] == 0 and c.get("unmatched_seeds"):  # seeds there were, but none could be matched
+            c["verdict"] = f"{NO_RANGE} ({c['unmatched_seeds']} seed{'s' if c['unmatched_seeds'] > 1 else ''}; notes in summary.json)"
     return comparisons
