@@ -265,3 +265,22 @@ def test_an_archived_report_is_written_again_from_the_results_folder_alone(tmp_p
     report(sorted((out / "runs").glob("*-s*")), out, reference="ref", archive=True)
     assert json.loads((out / "summary.json").read_text()) == first
     assert (out / "report.md").read_text() == first_md
+
+
+def test_archived_run_records_under_results_are_not_git_ignored():
+    """`runs/` is ignored (checkpoints), but a published study's records in results/<study>/runs/ must be
+    committed, or the results folder cannot be re-rendered nor reused on a fresh checkout."""
+    import shutil
+    import subprocess
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    if shutil.which("git") is None or not (root / ".git").exists():
+        pytest.skip("not a git checkout")
+
+    def ignored(path: str) -> bool:
+        return subprocess.run(["git", "check-ignore", "-q", "--no-index", path], cwd=root).returncode == 0
+
+    assert ignored("runs/quickstart/transformer_pp-s0/run.json")
+    assert not ignored("results/some_study/runs/transformer_pp-s0/metrics.jsonl")
+    assert not ignored("results/some_study/runs/experiment.json")
