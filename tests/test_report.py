@@ -284,3 +284,23 @@ def test_archived_run_records_under_results_are_not_git_ignored():
     assert ignored("runs/quickstart/transformer_pp-s0/run.json")
     assert not ignored("results/some_study/runs/transformer_pp-s0/metrics.jsonl")
     assert not ignored("results/some_study/runs/experiment.json")
+
+
+def test_in_domain_difference_at_the_end_of_training_is_paired_by_seed(tmp_path):
+    """Runs that end at a higher in-domain loss than the reference (x_shift) get that difference, paired by
+    seed, with its interval and a Holm correction of its own; a run whose final step differs is left out."""
+    dirs = [fake_run(tmp_path, "ref", s, 1.0) for s in range(3)]
+    dirs += [fake_run(tmp_path, "slow", s, 1.0, x_shift=0.3 + 0.01 * s) for s in range(3)]
+    dirs += [fake_run(tmp_path, "same", s, 1.0, x_shift=(-0.01, 0.0, 0.01)[s]) for s in range(3)]
+    dirs += [fake_run(tmp_path, "short", 0, 1.0, steps=8)]
+    text = report(dirs, tmp_path / "rep", reference="ref").read_text()
+    summary = json.loads((tmp_path / "rep" / "summary.json").read_text())
+    comps = {c["run"]: c for c in summary["in_domain_comparisons"]}
+    assert set(comps) == {"slow", "same", "short"}
+    slow, same, short = comps["slow"], comps["same"], comps["short"]
+    assert slow["per_seed"] == pytest.approx([0.30, 0.31, 0.32]) and slow["mean_diff"] == pytest.approx(0.31)
+    assert slow["ci95"] == pytest.approx([0.31 - 4.303 * 0.01 / 3 ** 0.5, 0.31 + 4.303 * 0.01 / 3 ** 0.5], abs=1e-4)
+    assert slow["p"] < 0.001 and slow["p_holm"] == pytest.approx(2 * slow["p"])  # 2 tests: short has none
+    assert same["mean_diff"] == pytest.approx(0.0, abs=1e-12) and same["p"] == pytest.approx(1.0)
+    assert short["n_seeds"] == 0 and short["p_holm"] is None and "different steps" in short["notes"][0]
+    assert "## In-domain loss against `ref` at the end of training" in text and "| slow | ref | 3 | +0.310 [" in text

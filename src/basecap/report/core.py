@@ -22,7 +22,7 @@ from ..rundir import RunDir, atomic_write, write_json
 from .baselines import NEAR_UNIGRAM_NATS, run_unigram, unigram_in_domain
 from .page import render_html
 from .runs import Run, load_run
-from .stats import SMOOTH, RunCurves, apply_holm, build_comparisons, matched_endpoints
+from .stats import SMOOTH, RunCurves, apply_holm, build_comparisons, holm, matched_endpoints, paired_test
 from .summary import EXPERIMENT_FILE, build_summary, study_of
 
 
@@ -96,8 +96,9 @@ def summarize(runs: list[Run], reference: str | None = None, smooth: int = SMOOT
     final = {name: _final_row(rs, domains) for name, rs in groups.items()}
     near = [n for n, row in final.items() if row.get("context_gain") and row["context_gain"][0] < NEAR_UNIGRAM_NATS]
     comps = _comparisons(runs, groups, reference, smooth) if reference else []
+    in_comps = _in_domain_comparisons(runs, groups, reference) if reference else []
     return {"reference": reference, "domains": domains, "smooth": smooth, "final": final, "comparisons": comps,
-            "near_unigram": near}
+            "in_domain_comparisons": in_comps, "near_unigram": near}
 
 
 def _final_row(rs: list[Run], domains: list[str]) -> dict:
@@ -137,6 +138,40 @@ def _comparisons(runs: list[Run], groups: dict[str, list[Run]], reference: str, 
     for here in (False, True):
         apply_holm([c for c in comps if c["in_domain_here"] is here])
     return comps
+
+
+def _in_domain_comparisons(runs: list[Run], groups: dict[str, list[Run]], reference: str) -> list[dict]:
+    """Every run name against the reference on its own training domains at the end of training: the final
+    in-domain loss minus the reference's (the run of the same seed and training setting, evaluated at the
+    same step), paired by seed, with the paired t-test and a Holm correction across these comparisons (a
+    family of their own, apart from the OOD gaps). Positive = worse in-domain. Not a matched-loss quantity:
+    it says how far each model got with the same data, which the OOD gap at matched loss deliberately
+    sets aside."""
+    by_name: dict[str, list[tuple[int, float]]] = defaultdict(list)
+    notes: dict[str, list[str]] = defaultdict(list)
+    for name, rs in groups.items():
+        if name == reference:
+            continue
+        for r in rs:
+            ref = _reference_for(r, runs, groups[reference])
+            if ref is None or not r.evals or not ref.evals:
+                continue
+            if r.evals[-1]["step"] != ref.evals[-1]["step"]:
+                notes[name].append(f"seed {r.seed}: final evaluations at different steps "
+                                   f"({r.evals[-1]['step']} against {ref.evals[-1]['step']}); left out")
+                continue
+            by_name[name].append((r.seed, r.evals[-1]["in_domain_loss"] - ref.evals[-1]["in_domain_loss"]))
+    out = []
+    for name in [n for n in groups if n in by_name or n in notes]:
+        pairs = sorted(by_name.get(name, []))
+        t = paired_test([d for _, d in pairs])
+        out.append({"run": name, "reference": reference, "n_seeds": t.n, "seeds": [s for s, _ in pairs],
+                    "per_seed": [d for _, d in pairs], "mean_diff": t.mean, "sd": t.sd,
+                    "ci95": list(t.ci95) if t.ci95 else None, "p": t.p,
+                    "notes": notes.get(name, []) + ([t.note] if t.note else [])})
+    for c, ph in zip(out, holm([c["p"] for c in out])):
+        c["p_holm"] = ph
+    return out
 
 
 def _plots(runs: list[Run], out: Path, summary: dict) -> list[Path]:
@@ -193,6 +228,7 @@ def _markdown(summary: dict, runs: list[Run]) -> str:
               "Training domains differ between runs: " + "; ".join(f"{r.name}: {', '.join(r.in_domains)}" for r in runs if r.seed == runs[0].seed) + "."), ""]
     lines += _near_unigram_note(summary)
     lines += _final_table(summary, ind)
+    lines += _in_domain_table(summary)
     lines += _comparison_table(summary)
     lines += ["", "## Figures", "", "![training curves](training_curves.png)", "", "![in-domain vs OOD](indomain_vs_ood.png)", ""]
     return "\n".join(lines)
@@ -234,6 +270,24 @@ def _final_table(summary: dict, ind: set[str]) -> list[str]:
         cells = [f"unigram ({setting})", "-", "-", f"{base['in_domain']:.3f}", "0"]
         cells += [f"{base['domains'][d]:.3f}" if d in base["domains"] else "-" for d in doms]
         lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def _in_domain_table(summary: dict) -> list[str]:
+    comps = summary.get("in_domain_comparisons") or []
+    if not comps:
+        return []
+    lines = ["", f"## In-domain loss against `{summary['reference']}` at the end of training", "",
+             "Final in-domain loss minus the reference's (same seed, same training data and steps), paired by seed: "
+             "how far each model got on its training domains with the same data. Positive = worse in-domain. 95% CI "
+             "over seeds (Student t), paired t-test p, and Holm across the rows of this table (a family apart from the "
+             "OOD gaps below).", "",
+             "| run | against | seeds | in-domain difference [95% CI] | p | p (Holm) |", "|" + "---|" * 6]
+    for c in comps:
+        ci = f" [{c['ci95'][0]:+.3f}, {c['ci95'][1]:+.3f}]" if c["ci95"] else ""
+        diff = "-" if c["mean_diff"] is None else f"{c['mean_diff']:+.3f}"
+        lines.append(f"| {c['run']} | {c['reference']} | {c['n_seeds']} | {diff}{ci} | {_num(c['p'], 4)} | "
+                     f"{_num(c['p_holm'], 4)} |")
     return lines
 
 

@@ -3,10 +3,13 @@
     {"study", "size", "commit", "reference", "smooth", "near_unigram",
      "runs": [{"name", "seeds", "in_domain_loss", "unigram_loss", "context_gain", "ood": {domain: loss}, ...}],
      "comparisons": [{"run", "reference", "domain", "n_seeds", "per_seed", "mean_gap", "ci95", "p", "p_holm",
-                      "ci_simultaneous", "verdict", ...}]}
+                      "ci_simultaneous", "verdict", ...}],
+     "in_domain_comparisons": [{"run", "reference", "n_seeds", "seeds", "per_seed", "mean_diff", "sd", "ci95",
+                                "p", "p_holm", "notes"}]}
 
 Losses are means over seeds; ``unigram_loss`` is the unigram baseline's in-domain loss and
-``context_gain`` = unigram_loss - in_domain_loss; gaps are the primary endpoint (docs/metrics.md).
+``context_gain`` = unigram_loss - in_domain_loss; gaps are the primary endpoint (docs/metrics.md). ``in_domain_comparisons``: final
+in-domain loss minus the reference's, paired by seed (not at matched loss).
 """
 
 from __future__ import annotations
@@ -70,7 +73,7 @@ def build_summary(summary: dict, runs, study: str | None, size: str | None) -> d
         "study": study, "size": size, "commit": commit, "commits": commits, "reference": summary["reference"],
         "smooth": summary["smooth"], "near_unigram": summary["near_unigram"],
         "runs": [_run_entry(n, row, summary["domains"]) for n, row in summary["final"].items() if row["in_domain_loss"]],
-        "comparisons": summary["comparisons"],
+        "comparisons": summary["comparisons"], "in_domain_comparisons": summary.get("in_domain_comparisons", []),
     })
 
 
