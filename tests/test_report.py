@@ -89,6 +89,10 @@ def test_mixed_control_compares_within_its_own_setting(tmp_path):
     assert limited["in_domain_here"] is False
     # two Holm families of one comparison each: no correction across them
     assert limited["p_holm"] == pytest.approx(limited["p"]) and control["p_holm"] == pytest.approx(control["p"])
+    # in-domain: each run against the reference architecture of its own setting, never a run against itself
+    ind = {c["run"]: c for c in summary["in_domain_comparisons"]}
+    assert set(ind) == {"m_limited", "m_mixed"}
+    assert ind["m_limited"]["reference"] == "tpp_limited" and ind["m_mixed"]["reference"] == "tpp_mixed"
 
 
 def test_bad_metrics_line_is_named(tmp_path):

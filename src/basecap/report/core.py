@@ -143,32 +143,31 @@ def _comparisons(runs: list[Run], groups: dict[str, list[Run]], reference: str, 
 def _in_domain_comparisons(runs: list[Run], groups: dict[str, list[Run]], reference: str) -> list[dict]:
     """Every run name against the reference on its own training domains at the end of training: the final
     in-domain loss minus the reference's (the run of the same seed and training setting, evaluated at the
-    same step), paired by seed, with the paired t-test and a Holm correction across these comparisons (a
+    same step; in a mixed-domain control, the reference's architecture trained on the same mixture), paired by seed, with the paired t-test and a Holm correction across these comparisons (a
     family of their own, apart from the OOD gaps). Positive = worse in-domain. Not a matched-loss quantity:
     it says how far each model got with the same data, which the OOD gap at matched loss deliberately
     sets aside."""
-    by_name: dict[str, list[tuple[int, float]]] = defaultdict(list)
-    notes: dict[str, list[str]] = defaultdict(list)
+    diffs: dict[tuple[str, str], list[tuple[int, float]]] = defaultdict(list)
+    notes: dict[tuple[str, str], list[str]] = defaultdict(list)
     for name, rs in groups.items():
-        if name == reference:
-            continue
         for r in rs:
             ref = _reference_for(r, runs, groups[reference])
-            if ref is None or not r.evals or not ref.evals:
-                continue
+            if ref is None or ref is r or not r.evals or not ref.evals:
+                continue  # the reference itself, or its architecture in another training setting
+            key = (name, ref.name)
             if r.evals[-1]["step"] != ref.evals[-1]["step"]:
-                notes[name].append(f"seed {r.seed}: final evaluations at different steps "
-                                   f"({r.evals[-1]['step']} against {ref.evals[-1]['step']}); left out")
+                notes[key].append(f"seed {r.seed}: final evaluations at different steps "
+                                  f"({r.evals[-1]['step']} against {ref.evals[-1]['step']}); left out")
                 continue
-            by_name[name].append((r.seed, r.evals[-1]["in_domain_loss"] - ref.evals[-1]["in_domain_loss"]))
+            diffs[key].append((r.seed, r.evals[-1]["in_domain_loss"] - ref.evals[-1]["in_domain_loss"]))
     out = []
-    for name in [n for n in groups if n in by_name or n in notes]:
-        pairs = sorted(by_name.get(name, []))
+    for key in dict.fromkeys([*diffs, *notes]):
+        pairs = sorted(diffs.get(key, []))
         t = paired_test([d for _, d in pairs])
-        out.append({"run": name, "reference": reference, "n_seeds": t.n, "seeds": [s for s, _ in pairs],
+        out.append({"run": key[0], "reference": key[1], "n_seeds": t.n, "seeds": [s for s, _ in pairs],
                     "per_seed": [d for _, d in pairs], "mean_diff": t.mean, "sd": t.sd,
                     "ci95": list(t.ci95) if t.ci95 else None, "p": t.p,
-                    "notes": notes.get(name, []) + ([t.note] if t.note else [])})
+                    "notes": notes.get(key, []) + ([t.note] if t.note else [])})
     for c, ph in zip(out, holm([c["p"] for c in out])):
         c["p_holm"] = ph
     return out
