@@ -61,6 +61,25 @@ def test_selective_scan_matches_reference_f64(f64, mode):
             assert rel(a, b) < 1e-11, (mode, chunk)
 
 
+def test_cpu_chunk_caps_the_work_buffer(monkeypatch, f64):
+    import basecap.ops.ssm as ssm
+    assert ssm.cpu_chunk(64, 1, 2, 3) == 64  # small buffers keep the requested chunk
+    assert ssm.cpu_chunk(64, 16, 16, 432) == 8  # the small size's Mamba-1: 16 x 8 x 16 x 432 floats = 3.4 MiB
+    assert ssm.cpu_chunk(64, 16, 16, 432, itemsize=8) == 4
+    assert ssm.cpu_chunk(64, 10**6, 16, 432) == 1
+    # a capped chunk changes only the rounding: with a tiny budget the scan runs at chunk 1 and still
+    # matches the reference, outputs and gradients
+    ins = m1_inputs("data_dependent")
+    live = [t for t in ins if t is not None]
+    y_ref, h_ref = selective_scan_ref(*ins)
+    g_ref = torch.autograd.grad(y_ref.sum() + h_ref.sum(), live)
+    monkeypatch.setattr(ssm, "CPU_CHUNK_BYTES", 1)
+    y, h = selective_scan(*ins, chunk_size=64)
+    grads = torch.autograd.grad(y.sum() + h.sum(), live)
+    assert rel(y, y_ref) < 1e-12 and rel(h, h_ref) < 1e-12
+    assert all(rel(a, b) < 1e-11 for a, b in zip(grads, g_ref))
+
+
 def test_selective_scan_without_decay_is_a_cumulative_sum(f64):
     w, Bm, Cm, _, _, _ = m1_inputs("none", T=9)
     states = (w[..., None] * Bm[:, :, None, :]).cumsum(1)  # h_t = sum_{s<=t} w_s B_s

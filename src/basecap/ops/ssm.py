@@ -216,8 +216,27 @@ class _SelectiveScan(torch.autograd.Function):
         return gw, gB, gC, gg, gA, (carry.transpose(1, 2) if ctx.has_h0 else None), None
 
 
+# On CPU the scan is bound by memory traffic: each chunk's work buffers ([B, L, N, E] floats) are swept
+# 2 log2(L) times by the scan and several times more by the products around it, so a chunk whose buffer
+# overflows the core's caches is paid for at DRAM speed on every sweep. ``cpu_chunk`` caps the chunk at the
+# largest power of two whose buffer fits this budget (LOG.md: Mamba-1's step at the small size).
+CPU_CHUNK_BYTES = 4 << 20
+
+
+def cpu_chunk(chunk: int, batch: int, n: int, e: int, itemsize: int = 4) -> int:
+    """The chunk length the CPU scan uses for a requested ``chunk``: at most ``chunk``, and halved while
+    one chunk's buffer (batch x L x n x e items) exceeds ``CPU_CHUNK_BYTES`` (never below 1)."""
+    L = max(1, chunk)
+    while L > 1 and batch * L * n * e * itemsize > CPU_CHUNK_BYTES:
+        L //= 2
+    return L
+
+
 def selective_scan(w, Bm, Cm, g, A, h0=None, chunk_size: int = 64):
-    """Chunked Mamba-1 scan; same contract and results as ``selective_scan_ref``."""
+    """Chunked Mamba-1 scan; same contract and results as ``selective_scan_ref`` (the chunk length
+    changes only the rounding). On CPU the chunk is capped by ``cpu_chunk``."""
+    if w.device.type == "cpu":
+        chunk_size = cpu_chunk(chunk_size, w.shape[0], Bm.shape[-1], w.shape[-1], w.element_size())
     return _SelectiveScan.apply(w, Bm, Cm, g, A, h0, chunk_size)
 
 
