@@ -248,6 +248,23 @@ def test_suites_on_a_run_directory(trained_run):
     assert res["mean_accuracy"] == res["extraction_accuracy"] == res["accuracy"]["extraction"]
 
 
+def test_mqar_from_scratch_needs_no_checkpoint(trained_run, tmp_path):
+    """MQAR mode "train" trains the run's mixer from its config: a run kept without checkpoints (archived
+    records, a reused run) gets the same result as the run with them."""
+    import shutil
+
+    opts = {"d_models": [16], "steps": 3, "num_test": 8, "seq_len": 16, "vocab_size": 32, "train_kv_pairs": [2],
+            "test_kv_pairs": [2]}
+    records = tmp_path / trained_run.name
+    shutil.copytree(trained_run, records, ignore=shutil.ignore_patterns("checkpoints", "eval_*"))
+    with_weights = run_suite(trained_run, "mqar", out_dir=tmp_path / "a", **opts)
+    without = run_suite(records, "mqar", out_dir=tmp_path / "b", **opts)
+    assert without["acc_by_d_model"] == with_weights["acc_by_d_model"] and without["model"] == "ev-s0"
+    with pytest.raises(FileNotFoundError, match="no usable checkpoint"):  # a suite that reads the weights still needs them
+        run_suite(records, "mqar", out_dir=tmp_path / "c", mode="pretrained", num_test=4, test_kv_pairs=[2], seq_len=16,
+                  vocab_size=16)
+
+
 def test_lm_eval_cli_on_a_run_directory(trained_run, tmp_path, capsys, no_builtin_tasks):
     harness = pytest.importorskip("basecap.eval.harness")  # needs lm-eval
     harness.main(["--model", "basecap", "--model_args", f"path={trained_run}", "--tasks", "basecap_smoke_mc,basecap_smoke_gen",

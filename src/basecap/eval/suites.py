@@ -75,6 +75,26 @@ class Subject:
         return self.model.cfg.max_seq_len if getattr(self.model, "abs_pos", None) is not None else None
 
 
+def config_subject(run_dir: str | Path) -> Subject:
+    """A run's architecture at initialisation, from run.json alone (no checkpoint, no corpus): enough for a
+    suite that reads only the run's config, as MQAR ``mode="train"`` does (it trains the run's mixer from
+    scratch). Runs kept without checkpoints (``report --archive`` records, runs copied by ``--reuse``) still
+    get such suites."""
+    from ..config import RunConfig
+    from ..model import build_model
+    from ..rundir import RunDir
+
+    info = RunDir(run_dir).read_info()
+    cfg = RunConfig.model_validate(info["config"])
+    return Subject(model=build_model(cfg.model, info["vocab_size"]), seq_len=cfg.data.seq_len, run_dir=Path(run_dir),
+                   config=cfg, name=cfg.run_id, info={"weights": "none: trained from the run's config"})
+
+
+def _config_only(suite: str, options: dict) -> bool:
+    """Whether a suite reads only the run's config, not its weights."""
+    return suite == "mqar" and options.get("mode", "train") == "train"
+
+
 def load_subject(run_dir: str | Path, corpus=None, log=print) -> Subject:
     """A run directory's newest good checkpoint with its corpus and tokenizer."""
     from .final import load_trained
@@ -179,7 +199,7 @@ def run_suite(run_dir, suite: str, out_dir: str | Path | None = None, **options)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
-    subject = subject or load_subject(run_dir)
+    subject = subject or (config_subject(run_dir) if _config_only(suite, options) else load_subject(run_dir))
     res = fn(subject, out_dir=out_dir, **options)
     res = {"suite": suite, "model": subject.name, **subject.info, "seconds": round(time.time() - t0, 2),
            "options": dict(options), **res}
