@@ -283,6 +283,18 @@ def test_tune_then_compare_end_to_end(tiny_recipe_path, tmp_path):
         train_experiment(path, only=["nope"], log=lambda *_: None)
 
 
+def test_fixed_value_table_leaves_out_rows_without_numbers():
+    """Tuning runs whose records were not kept give rows of dashes only: they are left out, and so is the table
+    when no row has a number."""
+    from basecap.report.sweep import fixed_vs_tuned_markdown
+
+    empty = {"run": "m1", "domain": "code", "fixed": {"lr=1": None, "lr=2": None}, "tuned": None}
+    some = {"run": "m2", "domain": "code", "fixed": {"lr=1": 0.25, "lr=2": None}, "tuned": None}
+    assert fixed_vs_tuned_markdown([empty, dict(empty, domain="docs")]) == []
+    lines = fixed_vs_tuned_markdown([empty, some])
+    assert "| m2 | code | +0.250 | - | - |" in lines and not any(line.startswith("| m1 |") for line in lines)
+
+
 def test_two_processes_share_a_study_with_run_only(tiny_recipe_path, tmp_path):
     """basecap run --run: each call tunes, trains and evaluates its runs and writes no report; the last call
     without --run trains nothing again and writes the report over all of them."""

@@ -166,6 +166,9 @@ def fixed_vs_tuned(tuning: dict, runs_dir: Path, reference: str) -> list[dict]:
 
 
 def fixed_vs_tuned_markdown(rows: list[dict]) -> list[str]:
+    """The table of ``fixed_vs_tuned``'s rows; a row without a single number (its own or the reference's tuning
+    runs are not in the folder, e.g. records that were not kept) is left out, and with no row left, the table."""
+    rows = [r for r in rows if r["tuned"] is not None or any(v is not None for v in r["fixed"].values())]
     if not rows:
         return []
     points = list(rows[0]["fixed"])
