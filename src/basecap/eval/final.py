@@ -11,6 +11,12 @@ from ..rundir import RunDir
 from .ood import DomainEvaluator, in_domain_loss
 
 
+def read_run(run_dir: str | Path) -> tuple[dict, RunConfig]:
+    """(run.json, its resolved RunConfig) of a run directory."""
+    info = RunDir(run_dir).read_info()
+    return info, RunConfig.model_validate(info["config"])
+
+
 def load_trained(run_dir: str | Path, corpus=None, log=print):
     """(model, RunConfig, corpus, checkpoint) from a run directory's newest good checkpoint. The config
     in run.json is the resolved one, so the model is built from it as it stands. Without ``corpus``, the
@@ -18,8 +24,7 @@ def load_trained(run_dir: str | Path, corpus=None, log=print):
     from ..data.home import run_corpus
 
     rd = RunDir(run_dir)
-    info = rd.read_info()
-    cfg = RunConfig.model_validate(info["config"])
+    info, cfg = read_run(run_dir)
     ckpt = latest_good_checkpoint(rd.checkpoints, log=log)
     if ckpt is None:
         raise FileNotFoundError(f"{rd.path}: no usable checkpoint")

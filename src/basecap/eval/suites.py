@@ -80,12 +80,10 @@ def config_subject(run_dir: str | Path) -> Subject:
     suite that reads only the run's config, as MQAR ``mode="train"`` does (it trains the run's mixer from
     scratch). Runs kept without checkpoints (``report --archive`` records, runs copied by ``--reuse``) still
     get such suites."""
-    from ..config import RunConfig
     from ..model import build_model
-    from ..rundir import RunDir
+    from .final import read_run
 
-    info = RunDir(run_dir).read_info()
-    cfg = RunConfig.model_validate(info["config"])
+    info, cfg = read_run(run_dir)
     return Subject(model=build_model(cfg.model, info["vocab_size"]), seq_len=cfg.data.seq_len, run_dir=Path(run_dir),
                    config=cfg, name=cfg.run_id, info={"weights": "none: trained from the run's config"})
 

@@ -143,8 +143,9 @@ def _comparisons(runs: list[Run], groups: dict[str, list[Run]], reference: str, 
 def _in_domain_comparisons(runs: list[Run], groups: dict[str, list[Run]], reference: str) -> list[dict]:
     """Every run name against the reference on its own training domains at the end of training: the final
     in-domain loss minus the reference's (the run of the same seed and training setting, evaluated at the
-    same step; in a mixed-domain control, the reference's architecture trained on the same mixture), paired by seed, with the paired t-test and a Holm correction across these comparisons (a
-    family of their own, apart from the OOD gaps). Positive = worse in-domain. Not a matched-loss quantity:
+    same step; in a mixed-domain control, the reference's architecture trained on the same mixture), paired
+    by seed, with the paired t-test and a Holm correction across these comparisons (a family of their own,
+    apart from the OOD gaps). Positive = worse in-domain. Not a matched-loss quantity:
     it says how far each model got with the same data, which the OOD gap at matched loss deliberately
     sets aside."""
     diffs: dict[tuple[str, str], list[tuple[int, float]]] = defaultdict(list)
