@@ -120,7 +120,7 @@ def test_forward_with_targets_returns_the_state_and_matches_logits():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_rms_norm_matches_torch(dtype):
-    from basecap.model import RMSNorm
+    from basecap.ops.norm import RMSNorm
 
     torch.manual_seed(0)
     ours, ref = RMSNorm(24, eps=1e-5).to(dtype), torch.nn.RMSNorm(24, eps=1e-5).to(dtype)
@@ -139,3 +139,13 @@ def test_rms_norm_matches_torch(dtype):
     tol = 1e-6 if dtype == torch.float32 else 1e-13
     for a, b in zip(*out):
         assert _rel(a, b) < tol
+
+
+@pytest.mark.parametrize("name", ["mamba2", "deltanet", "gated_deltanet"])
+def test_mixer_output_norms_use_the_cpu_rms_norm(name):
+    """The mixers' output norms are the hand-written CPU RMSNorm (a subclass of nn.RMSNorm: same state dict)."""
+    from basecap.ops.norm import RMSNorm
+
+    m = LM(ModelConfig(vocab_size=32, d_model=64, n_layers=1, max_seq_len=16, mixer={"name": name}))
+    norms = [mod for mod in m.blocks[0].mixer.modules() if isinstance(mod, torch.nn.RMSNorm)]
+    assert norms and all(type(mod) is RMSNorm for mod in norms)

@@ -19,7 +19,7 @@ from .kernels.linear_ce import IMPLS as HEAD_IMPLS
 from .kernels.linear_ce import lm_head_loss
 from .mixers import MixerConfig, build_mixer, mlp_class, parse_mixer_config, parse_mlp_config
 from .mixers.attention import AttentionConfig
-from .ops.norm import rms_norm
+from .ops.norm import RMSNorm
 from .presets import PRESETS
 
 PresetName = Literal[tuple(PRESETS)]
@@ -81,17 +81,6 @@ class ModelConfig(Strict):
 
     def mixer_for(self, layer: int) -> MixerConfig:
         return self.layer_mixers.get(layer, self.mixer)
-
-
-class RMSNorm(nn.RMSNorm):
-    """``nn.RMSNorm`` (same parameter, same state dict) whose CPU forward and backward are ``ops.norm.rms_norm``:
-    autograd over torch's composite form was about 6% of a width-128 training step. Other devices keep
-    torch's own (fused) kernel."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.device.type != "cpu" or self.weight is None or self.eps is None or torch.is_autocast_enabled("cpu"):
-            return super().forward(x)
-        return rms_norm(x, self.weight, self.eps)
 
 
 class Block(nn.Module):

@@ -23,6 +23,7 @@ from pydantic import Field
 from torch import nn
 
 from ..ops.delta_rule import l2_normalize
+from ..ops.norm import RMSNorm
 from ..ops.short_conv import ShortConv
 from .base import Mixer, MixerConfig, State
 from .kit.delta import DeltaRuleState, delta_flops, run_delta_rule
@@ -56,7 +57,7 @@ class DeltaNet(DeltaRuleState, Mixer):
         self.b_proj = nn.Linear(d_model, self.n_heads, bias=False)
         # depthwise, so one conv over [q, k, v] = three separate ones
         self.conv = ShortConv(3 * inner, cfg.conv_size) if cfg.short_conv else None
-        self.o_norm = nn.RMSNorm(self.head_dim, eps=cfg.norm_eps)
+        self.o_norm = RMSNorm(self.head_dim, eps=cfg.norm_eps)
         self.o_proj = nn.Linear(inner, d_model, bias=False)
 
     def forward(self, x: torch.Tensor, state: State | None = None):

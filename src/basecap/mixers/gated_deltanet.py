@@ -27,6 +27,7 @@ from pydantic import Field, model_validator
 from torch import nn
 
 from ..ops.delta_rule import l2_normalize
+from ..ops.norm import RMSNorm
 from ..ops.short_conv import ShortConv
 from .base import Mixer, MixerConfig, State
 from .kit.delta import DeltaRuleState, delta_flops, run_delta_rule
@@ -74,7 +75,7 @@ class GatedDeltaNet(DeltaRuleState, Mixer):
         keep_init(self.A_log, self.dt_bias)
         # depthwise, so one conv over [q, k, v] = three separate ones
         self.conv = ShortConv(H * (2 * K + V), cfg.conv_size) if cfg.short_conv else None
-        self.o_norm = nn.RMSNorm(V, eps=cfg.norm_eps)
+        self.o_norm = RMSNorm(V, eps=cfg.norm_eps)
         self.o_proj = nn.Linear(H * V, d_model, bias=False)
 
     def log_decay(self, x: torch.Tensor) -> torch.Tensor:

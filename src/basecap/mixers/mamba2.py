@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from pydantic import Field, model_validator
 from torch import nn
 
+from ..ops.norm import RMSNorm
 from ..ops.short_conv import ShortConv
 from ..ops.ssm import ssd_chunked, ssd_ref
 from .base import Mixer, MixerConfig, State
@@ -83,7 +84,7 @@ class Mamba2(Mixer):
         if cfg.decay != "none":
             self.A_log = nn.Parameter(init_A_log(H, cfg.A_init_min, cfg.A_init_max))
         self.D = nn.Parameter(torch.ones(H))
-        self.norm = nn.RMSNorm(E, eps=cfg.norm_eps) if cfg.out_norm else None
+        self.norm = RMSNorm(E, eps=cfg.norm_eps) if cfg.out_norm else None
         self.out_proj = nn.Linear(E, d_model, bias=False)
 
     def forward(self, x: torch.Tensor, state: State | None = None):

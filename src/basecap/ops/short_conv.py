@@ -1,10 +1,51 @@
-"""Depthwise causal short convolution (as in H3, Mamba, DeltaNet), with a decode state."""
+"""Depthwise causal short convolution (as in H3, Mamba, DeltaNet), with a decode state.
+
+On CPU the convolution runs as K shifted multiply-adds in the ``[B, T, C]`` layout with a hand-written
+backward (``_ShiftConv``): ``F.conv1d`` needs the channels-first layout (two transposed copies) and its
+depthwise backward is slow on CPU; the shifted form took the convolution + SiLU of a Mamba-2 layer at the
+quickstart's shape from about 55 to 26 ms (forward + backward, one thread; LOG.md). Elsewhere (CUDA)
+``F.conv1d``. Both forms compute the same sums, in a different order (tests/test_short_conv.py).
+"""
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+
+class _ShiftConv(torch.autograd.Function):
+    """``y[:, t] = sum_j xp[:, t + j] * w[:, j]`` over ``xp = [pad, x]`` (``pad``: the K-1 inputs before x)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, w: torch.Tensor, pad: torch.Tensor) -> torch.Tensor:
+        K, T = w.shape[1], x.shape[1]
+        xp = torch.cat([pad, x], dim=1)  # [B, K-1+T, C]
+        y = xp[:, K - 1:] * w[:, K - 1]
+        for j in range(K - 1):
+            y.addcmul_(xp[:, j:j + T], w[:, j])
+        ctx.save_for_backward(xp, w)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy: torch.Tensor):
+        xp, w = ctx.saved_tensors
+        K, T = w.shape[1], dy.shape[1]
+        dxp = torch.zeros_like(xp)
+        dw = torch.empty_like(w)
+        for j in range(K):
+            dxp[:, j:j + T].addcmul_(dy, w[:, j])
+            dw[:, j] = (dy * xp[:, j:j + T]).sum((0, 1))
+        return dxp[:, K - 1:], dw, dxp[:, :K - 1]
+
+
+def causal_depthwise_conv(x: torch.Tensor, weight: torch.Tensor, pad: torch.Tensor) -> torch.Tensor:
+    """Depthwise causal convolution of ``x [B, T, C]`` with ``weight [C, 1, K]``, continuing from the
+    ``K - 1`` earlier inputs ``pad [B, K-1, C]``; returns ``[B, T, C]``."""
+    if x.device.type == "cpu":
+        return _ShiftConv.apply(x, weight[:, 0], pad)
+    xp = torch.cat([pad, x], dim=1)
+    return F.conv1d(xp.transpose(1, 2), weight, groups=x.shape[2]).transpose(1, 2)
 
 
 class ShortConv(nn.Module):
@@ -23,12 +64,14 @@ class ShortConv(nn.Module):
 
     def forward(self, x: torch.Tensor, cache: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         B, T, C = x.shape
-        pad = cache if cache is not None else x.new_zeros(B, self.kernel_size - 1, C)
-        xp = torch.cat([pad, x], dim=1)  # [B, K-1+T, C]
-        y = F.conv1d(xp.transpose(1, 2), self.weight, groups=C).transpose(1, 2)
+        K = self.kernel_size
+        pad = cache if cache is not None else x.new_zeros(B, K - 1, C)
+        y = causal_depthwise_conv(x, self.weight, pad)
         if self.activation:
             y = F.silu(y)
-        new_cache = xp[:, -(self.kernel_size - 1):] if cache is not None and self.kernel_size > 1 else (xp[:, :0] if cache is not None else None)
+        new_cache = None
+        if cache is not None:  # the last K-1 inputs, the old cache's included when T < K-1
+            new_cache = torch.cat([cache, x], dim=1)[:, x.shape[1]:] if K > 1 else x[:, :0]
         return y, new_cache
 
     def init_cache(self, batch: int, device="cpu", dtype=torch.float32) -> torch.Tensor:

@@ -243,7 +243,9 @@ def selective_scan(w, Bm, Cm, g, A, h0=None, chunk_size: int = 64):
 def ssd_chunked(X, log_a, Bm, Cm, h0=None, chunk_size: int = 64):
     """Chunked SSD; same contract and results as ``ssd_ref``. Inside a chunk: the quadratic
     (attention-like) form with the decay mask exp(cum_t - cum_s) (chunk-local cumulative
-    log-decays, so the differences stay small); between chunks: pass the state."""
+    log-decays, so the differences stay small); between chunks: pass the state. B and C are shared
+    by the heads (one group), so the chunk states and their read-out fold the heads into one
+    [H*P]-wide matmul per chunk; only the decay-weighted intra-chunk scores are per head."""
     Bsz, T, H, P = X.shape
     N = Bm.shape[-1]
     L = min(chunk_size, T)
@@ -254,29 +256,30 @@ def ssd_chunked(X, log_a, Bm, Cm, h0=None, chunk_size: int = 64):
         Bm = torch.nn.functional.pad(Bm, (0, 0, 0, pad))
         Cm = torch.nn.functional.pad(Cm, (0, 0, 0, pad))
     nc = X.shape[1] // L
-    Xc = X.view(Bsz, nc, L, H, P).permute(0, 3, 1, 2, 4)  # [B,H,c,L,P]
-    la = log_a.view(Bsz, nc, L, H).permute(0, 3, 1, 2)  # [B,H,c,L]
-    Bc = Bm.view(Bsz, 1, nc, L, N)
-    Cc = Cm.view(Bsz, 1, nc, L, N)
-    cum = la.cumsum(-1)  # [B,H,c,L] log-decay from the chunk start through step t
+    Xc = X.view(Bsz, nc, L, H, P)
+    Bc = Bm.view(Bsz, nc, L, N)
+    Cc = Cm.view(Bsz, nc, L, N)
+    cum = log_a.view(Bsz, nc, L, H).cumsum(2)  # [B,c,L,H] log-decay from the chunk start through step t
+    cumh = cum.transpose(2, 3)  # [B,c,H,L]
     # 1. within chunks: y_t = sum_{s<=t} (C_t . B_s) exp(cum_t - cum_s) X_s
     causal = torch.ones(L, L, dtype=torch.bool, device=X.device).tril()
-    decay = torch.exp((cum[..., :, None] - cum[..., None, :]).masked_fill(~causal, float("-inf")))
-    scores = Cc @ Bc.transpose(-1, -2)  # [B,1,c,L,L]
-    y = (scores * decay) @ Xc  # [B,H,c,L,P]
-    # 2. each chunk's own contribution to the state at its end
-    to_end = torch.exp(cum[..., -1:] - cum)  # [B,H,c,L]
-    chunk_states = (Xc * to_end[..., None]).transpose(-1, -2) @ Bc  # [B,H,c,P,N]
-    # 3. state passing between chunks (loop over chunks only)
-    chunk_decay = torch.exp(cum[..., -1])[..., None, None]  # [B,H,c,1,1]
-    h = h0 if h0 is not None else X.new_zeros(Bsz, H, P, N)
+    decay = torch.exp((cumh[..., :, None] - cumh[..., None, :]).masked_fill(~causal, float("-inf")))  # [B,c,H,L,L]
+    scores = Cc @ Bc.transpose(-1, -2)  # [B,c,L,L]
+    y = (scores[:, :, None] * decay) @ Xc.transpose(2, 3)  # [B,c,H,L,P]
+    # 2. each chunk's own contribution to the state at its end, heads folded into the rows
+    to_end = torch.exp(cum[:, :, -1:] - cum)  # [B,c,L,H]
+    Xw = (Xc * to_end[..., None]).view(Bsz, nc, L, H * P)
+    chunk_states = Xw.transpose(-1, -2) @ Bc  # [B,c,HP,N]
+    # 3. state passing between chunks (loop over chunks only; unbind once: indexing a big tensor per chunk
+    # would cost a full-size zero gradient per index)
+    chunk_decay = torch.exp(cum[:, :, -1]).repeat_interleave(P, dim=-1)[..., None]  # [B,c,HP,1]
+    h = h0.reshape(Bsz, H * P, N) if h0 is not None else X.new_zeros(Bsz, H * P, N)
     starts = []
-    # unbind once: indexing a big tensor per chunk would cost a full-size zero gradient per index
-    for decay_c, state_c in zip(chunk_decay.unbind(2), chunk_states.unbind(2)):
+    for decay_c, state_c in zip(chunk_decay.unbind(1), chunk_states.unbind(1)):
         starts.append(h)
         h = decay_c * h + state_c
-    starts = torch.stack(starts, dim=2)  # [B,H,c,P,N]
-    # 4. contribution of the state entering each chunk
-    y = y + (Cc @ starts.transpose(-1, -2)) * torch.exp(cum)[..., None]  # [B,H,c,L,P]
-    y = y.permute(0, 2, 3, 1, 4).reshape(Bsz, nc * L, H, P)[:, :T]
-    return y, h
+    starts = torch.stack(starts, dim=1)  # [B,c,HP,N]
+    # 4. contribution of the state entering each chunk, read out in the [B,c,L,H,P] layout of the result
+    y_state = (Cc @ starts.transpose(-1, -2)).view(Bsz, nc, L, H, P) * torch.exp(cum)[..., None]
+    y = y_state + y.transpose(2, 3)
+    return y.reshape(Bsz, nc * L, H, P)[:, :T], h.view(Bsz, H, P, N)
