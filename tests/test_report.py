@@ -308,3 +308,14 @@ def test_in_domain_difference_at_the_end_of_training_is_paired_by_seed(tmp_path)
     assert same["mean_diff"] == pytest.approx(0.0, abs=1e-12) and same["p"] == pytest.approx(1.0)
     assert short["n_seeds"] == 0 and short["p_holm"] is None and "different steps" in short["notes"][0]
     assert "## In-domain loss against `ref` at the end of training" in text and "| slow | ref | 3 | +0.310 [" in text
+
+
+def test_plot_legends_name_each_run_once():
+    """Seeds share a colour, so a legend lists run names (with their seed count), not every seed's curve."""
+    from pathlib import Path
+
+    from basecap.report.core import _legend_labels
+    from basecap.report.runs import Run
+
+    runs = [Run(Path("."), f"{n}-s{s}", n, s, {}) for n, seeds in (("a", (0, 1, 2)), ("b", (0,))) for s in seeds]
+    assert _legend_labels(runs) == {"a-s0": "a (3 seeds)", "a-s1": "_nolegend_", "a-s2": "_nolegend_", "b-s0": "b-s0"}

@@ -174,6 +174,20 @@ def _in_domain_comparisons(runs: list[Run], groups: dict[str, list[Run]], refere
     return out
 
 
+def _legend_labels(runs: list[Run]) -> dict[str, str]:
+    """Legend label of each run's curve: one entry per run name (its seeds share a colour), on its first seed's
+    curve; the others get matplotlib's no-legend label."""
+    seeds = defaultdict(int)
+    for r in runs:
+        seeds[r.name] += 1
+    labels, seen = {}, set()
+    for r in runs:
+        n = seeds[r.name]
+        labels[r.run_id] = "_nolegend_" if r.name in seen else (f"{r.name} ({n} seeds)" if n > 1 else r.run_id)
+        seen.add(r.name)
+    return labels
+
+
 def _plots(runs: list[Run], out: Path, summary: dict) -> list[Path]:
     import matplotlib
 
@@ -182,6 +196,7 @@ def _plots(runs: list[Run], out: Path, summary: dict) -> list[Path]:
 
     names = list(dict.fromkeys(r.name for r in runs))
     colors = {n: plt.cm.tab10(i % 10) for i, n in enumerate(names)}
+    label = _legend_labels(runs)
     paths = []
 
     fig, ax = plt.subplots(figsize=(6.5, 4))
@@ -191,7 +206,7 @@ def _plots(runs: list[Run], out: Path, summary: dict) -> list[Path]:
             loss = np.array([t["loss"] for t in r.train])
             k = max(1, len(loss) // 50)
             sm = np.convolve(loss, np.ones(k) / k, "valid")
-            ax.plot(steps[k - 1:], sm, color=colors[r.name], lw=1, label=r.run_id)
+            ax.plot(steps[k - 1:], sm, color=colors[r.name], lw=1, label=label[r.run_id])
     ax.set(xlabel="step", ylabel="training loss (nats/token)", title="Training curves")
     ax.legend(fontsize=7)
     fig.tight_layout()
@@ -206,12 +221,15 @@ def _plots(runs: list[Run], out: Path, summary: dict) -> list[Path]:
             for r in runs:
                 if r.evals:
                     x, y = _curve(r, d)
-                    ax.plot(x, y, "-o", ms=2.5, lw=1, color=colors[r.name], label=r.run_id)
+                    ax.plot(x, y, "-o", ms=2.5, lw=1, color=colors[r.name], label=label[r.run_id])
             ax.invert_xaxis()
             ax.set(xlabel="in-domain validation loss", ylabel=f"{d} loss", title=f"{d}")
-        axes[0][0].legend(fontsize=7)
-        fig.suptitle("In-domain vs out-of-distribution loss over training (lower-left is better)", fontsize=10)
-        fig.tight_layout()
+        # one legend for the figure, beside the panels: inside one it would cover the curves it names
+        handles, labels = axes[0][0].get_legend_handles_labels()
+        fig.legend(handles, labels, loc="center right", fontsize=7, frameon=False)
+        fig.suptitle("In-domain vs out-of-distribution loss over training (training runs left to right; "
+                     "at the same in-domain loss, lower is better)", fontsize=10)
+        fig.tight_layout(rect=(0, 0, 1 - min(0.3, 0.75 / (1 + 1.05 * len(ood))), 1))
         paths.append(out / "indomain_vs_ood.png")
         fig.savefig(paths[-1], dpi=110)
         plt.close(fig)
