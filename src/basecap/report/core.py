@@ -216,7 +216,10 @@ def _plots(runs: list[Run], out: Path, summary: dict) -> list[Path]:
 
     ood = ood_domains(runs)
     if ood:
-        fig, axes = plt.subplots(1, len(ood), figsize=(4.2 * len(ood), 3.8), squeeze=False)
+        # the legend gets a strip of its own to the right, as wide as its longest label
+        legend_in = 0.5 + 0.055 * max((len(v) for v in label.values() if v != "_nolegend_"), default=0)
+        width = 4.2 * len(ood) + legend_in
+        fig, axes = plt.subplots(1, len(ood), figsize=(width, 3.8), squeeze=False)
         for ax, d in zip(axes[0], ood):
             for r in runs:
                 if r.evals:
@@ -229,7 +232,7 @@ def _plots(runs: list[Run], out: Path, summary: dict) -> list[Path]:
         fig.legend(handles, labels, loc="center right", fontsize=7, frameon=False)
         fig.suptitle("In-domain vs out-of-distribution loss over training (training runs left to right; "
                      "at the same in-domain loss, lower is better)", fontsize=10)
-        fig.tight_layout(rect=(0, 0, 1 - min(0.3, 0.75 / (1 + 1.05 * len(ood))), 1))
+        fig.tight_layout(rect=(0, 0, 1 - legend_in / width, 1))
         paths.append(out / "indomain_vs_ood.png")
         fig.savefig(paths[-1], dpi=110)
         plt.close(fig)
