@@ -311,11 +311,17 @@ def test_in_domain_difference_at_the_end_of_training_is_paired_by_seed(tmp_path)
 
 
 def test_plot_legends_name_each_run_once():
-    """Seeds share a colour, so a legend lists run names (with their seed count), not every seed's curve."""
+    """Seeds share a colour, so a panel's legend lists run names (with their seed count), not every seed's curve,
+    on the first curve drawn of each name (whichever seed that is)."""
+    from collections import Counter
     from pathlib import Path
 
-    from basecap.report.core import _legend_labels
+    from basecap.report.core import _legend_label
     from basecap.report.runs import Run
 
     runs = [Run(Path("."), f"{n}-s{s}", n, s, {}) for n, seeds in (("a", (0, 1, 2)), ("b", (0,))) for s in seeds]
-    assert _legend_labels(runs) == {"a-s0": "a (3 seeds)", "a-s1": "_nolegend_", "a-s2": "_nolegend_", "b-s0": "b-s0"}
+    seeds = Counter(r.name for r in runs)
+    labelled: set[str] = set()
+    assert [_legend_label(r, seeds, labelled) for r in runs] == ["a (3 seeds)", "_nolegend_", "_nolegend_", "b-s0"]
+    labelled = set()  # a panel where a-s0 has no curve: a-s1 carries the name
+    assert [_legend_label(r, seeds, labelled) for r in runs[1:]] == ["a (3 seeds)", "_nolegend_", "b-s0"]

@@ -13,7 +13,7 @@ Definitions: docs/metrics.md.
 from __future__ import annotations
 
 import statistics
-from collections import defaultdict
+from collections import Counter, defaultdict
 from pathlib import Path
 
 import numpy as np
@@ -174,18 +174,14 @@ def _in_domain_comparisons(runs: list[Run], groups: dict[str, list[Run]], refere
     return out
 
 
-def _legend_labels(runs: list[Run]) -> dict[str, str]:
-    """Legend label of each run's curve: one entry per run name (its seeds share a colour), on its first seed's
-    curve; the others get matplotlib's no-legend label."""
-    seeds = defaultdict(int)
-    for r in runs:
-        seeds[r.name] += 1
-    labels, seen = {}, set()
-    for r in runs:
-        n = seeds[r.name]
-        labels[r.run_id] = "_nolegend_" if r.name in seen else (f"{r.name} ({n} seeds)" if n > 1 else r.run_id)
-        seen.add(r.name)
-    return labels
+def _legend_label(r: Run, seeds: Counter, labelled: set[str]) -> str:
+    """Legend label of the curve of ``r`` in one panel: one entry per run name (its seeds share a colour), on the
+    first of its curves drawn there (``labelled`` holds the names already labelled); matplotlib leaves
+    ``_nolegend_`` out."""
+    if r.name in labelled:
+        return "_nolegend_"
+    labelled.add(r.name)
+    return f"{r.name} ({seeds[r.name]} seeds)" if seeds[r.name] > 1 else r.run_id
 
 
 def _plots(runs: list[Run], out: Path, summary: dict) -> list[Path]:
@@ -196,17 +192,18 @@ def _plots(runs: list[Run], out: Path, summary: dict) -> list[Path]:
 
     names = list(dict.fromkeys(r.name for r in runs))
     colors = {n: plt.cm.tab10(i % 10) for i, n in enumerate(names)}
-    label = _legend_labels(runs)
+    seeds = Counter(r.name for r in runs)
     paths = []
 
     fig, ax = plt.subplots(figsize=(6.5, 4))
+    labelled: set[str] = set()
     for r in runs:
         if r.train:
             steps = np.array([t["step"] for t in r.train])
             loss = np.array([t["loss"] for t in r.train])
             k = max(1, len(loss) // 50)
             sm = np.convolve(loss, np.ones(k) / k, "valid")
-            ax.plot(steps[k - 1:], sm, color=colors[r.name], lw=1, label=label[r.run_id])
+            ax.plot(steps[k - 1:], sm, color=colors[r.name], lw=1, label=_legend_label(r, seeds, labelled))
     ax.set(xlabel="step", ylabel="training loss (nats/token)", title="Training curves")
     ax.legend(fontsize=7)
     fig.tight_layout()
@@ -217,14 +214,15 @@ def _plots(runs: list[Run], out: Path, summary: dict) -> list[Path]:
     ood = ood_domains(runs)
     if ood:
         # the legend gets a strip of its own to the right, as wide as its longest label
-        legend_in = 0.5 + 0.055 * max((len(v) for v in label.values() if v != "_nolegend_"), default=0)
+        legend_in = 0.5 + 0.055 * max((len(_legend_label(r, seeds, set())) for r in runs), default=0)
         width = 4.2 * len(ood) + legend_in
         fig, axes = plt.subplots(1, len(ood), figsize=(width, 3.8), squeeze=False)
         for ax, d in zip(axes[0], ood):
+            labelled = set()
             for r in runs:
                 if r.evals:
                     x, y = _curve(r, d)
-                    ax.plot(x, y, "-o", ms=2.5, lw=1, color=colors[r.name], label=label[r.run_id])
+                    ax.plot(x, y, "-o", ms=2.5, lw=1, color=colors[r.name], label=_legend_label(r, seeds, labelled))
             ax.invert_xaxis()
             ax.set(xlabel="in-domain validation loss", ylabel=f"{d} loss", title=f"{d}")
         # one legend for the figure, beside the panels: inside one it would cover the curves it names
