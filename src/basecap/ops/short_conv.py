@@ -15,12 +15,12 @@ from torch import nn
 
 
 class _ShiftConv(torch.autograd.Function):
-    """``y[:, t] = sum_j xp[:, t + j] * w[:, j]`` over ``xp = [pad, x]`` (``pad``: the K-1 inputs before x)."""
+    """``y[:, t] = sum_j xp[:, t + j] * w[:, j]``: ``xp [B, K-1+T, C]`` is the input after its K-1 earlier steps."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, w: torch.Tensor, pad: torch.Tensor) -> torch.Tensor:
-        K, T = w.shape[1], x.shape[1]
-        xp = torch.cat([pad, x], dim=1)  # [B, K-1+T, C]
+    def forward(ctx, xp: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        K = w.shape[1]
+        T = xp.shape[1] - (K - 1)
         y = xp[:, K - 1:] * w[:, K - 1]
         for j in range(K - 1):
             y.addcmul_(xp[:, j:j + T], w[:, j])
@@ -36,16 +36,15 @@ class _ShiftConv(torch.autograd.Function):
         for j in range(K):
             dxp[:, j:j + T].addcmul_(dy, w[:, j])
             dw[:, j] = (dy * xp[:, j:j + T]).sum((0, 1))
-        return dxp[:, K - 1:], dw, dxp[:, :K - 1]
+        return dxp, dw
 
 
-def causal_depthwise_conv(x: torch.Tensor, weight: torch.Tensor, pad: torch.Tensor) -> torch.Tensor:
-    """Depthwise causal convolution of ``x [B, T, C]`` with ``weight [C, 1, K]``, continuing from the
-    ``K - 1`` earlier inputs ``pad [B, K-1, C]``; returns ``[B, T, C]``."""
-    if x.device.type == "cpu":
-        return _ShiftConv.apply(x, weight[:, 0], pad)
-    xp = torch.cat([pad, x], dim=1)
-    return F.conv1d(xp.transpose(1, 2), weight, groups=x.shape[2]).transpose(1, 2)
+def causal_depthwise_conv(xp: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """Depthwise causal convolution with ``weight [C, 1, K]`` of ``xp [B, K-1+T, C]`` (the input after the K-1
+    earlier steps it continues from); returns the T outputs ``[B, T, C]``."""
+    if xp.device.type == "cpu":
+        return _ShiftConv.apply(xp, weight[:, 0])
+    return F.conv1d(xp.transpose(1, 2), weight, groups=xp.shape[2]).transpose(1, 2)
 
 
 class ShortConv(nn.Module):
@@ -64,14 +63,12 @@ class ShortConv(nn.Module):
 
     def forward(self, x: torch.Tensor, cache: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         B, T, C = x.shape
-        K = self.kernel_size
-        pad = cache if cache is not None else x.new_zeros(B, K - 1, C)
-        y = causal_depthwise_conv(x, self.weight, pad)
+        pad = cache if cache is not None else x.new_zeros(B, self.kernel_size - 1, C)
+        xp = torch.cat([pad, x], dim=1)  # [B, K-1+T, C]
+        y = causal_depthwise_conv(xp, self.weight)
         if self.activation:
             y = F.silu(y)
-        new_cache = None
-        if cache is not None:  # the last K-1 inputs, the old cache's included when T < K-1
-            new_cache = torch.cat([cache, x], dim=1)[:, x.shape[1]:] if K > 1 else x[:, :0]
+        new_cache = xp[:, T:] if cache is not None else None  # the last K-1 inputs
         return y, new_cache
 
     def init_cache(self, batch: int, device="cpu", dtype=torch.float32) -> torch.Tensor:
