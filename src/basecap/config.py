@@ -15,7 +15,7 @@ import itertools
 import tomllib
 import types
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union, get_args, get_origin
+from typing import Any, Union, get_args, get_origin
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 
@@ -23,82 +23,9 @@ from .config_base import (ConfigError, apply_size_sweep, Strict, check_name, dee
                           parse_override, run_name_problem, set_key, sweep_name, valid_name, value_label)
 from .matching import resolve as resolve_config
 from .model import ModelConfig
-from .tracking import normalize_loggers
 
-# upper bounds that catch a typo (an extra digit, a value in the wrong key) before any compute
-MAX_SEQ_LEN = 2**20
-MAX_BATCH = 2**16
-MAX_STEPS = 10**8
-MAX_D_MODEL = 2**16
-MAX_LAYERS = 1024
-Beta = Annotated[float, Field(ge=0, lt=1)]
-
-
-class DataConfig(Strict):
-    recipe: str = Field("default", description="built-in recipe name or path to a recipe TOML")
-    train_weights: dict[str, float] = Field(default_factory=lambda: {"prose": 1.0},
-                                            description="domain -> sampling weight; limited-domain vs mixed-domain setting")
-    eval_domains: list[str] | None = Field(None, description="domains evaluated; default: every domain of the corpus")
-    seq_len: int = Field(256, gt=1, le=MAX_SEQ_LEN)
-
-    @field_validator("train_weights")
-    @classmethod
-    def _weights(cls, v):
-        if not v or sum(v.values()) <= 0:
-            raise ValueError("needs at least one domain with a positive weight")
-        bad = {k: w for k, w in v.items() if w < 0}
-        if bad:
-            raise ValueError(f"weights must be >= 0, got {bad}")
-        return v
-
-    def in_domains(self) -> list[str]:
-        return [d for d, w in self.train_weights.items() if w > 0]
-
-
-class TrainConfig(Strict):
-    steps: int = Field(300, gt=0, le=MAX_STEPS)
-    batch_size: int = Field(8, gt=0, le=MAX_BATCH, description="sequences per optimizer step (all micro-batches together)")
-    grad_accum: int = Field(1, gt=0, description="micro-batches per step; batch_size must divide evenly")
-    lr: float = Field(3e-3, gt=0, le=1)
-    min_lr_ratio: float = Field(0.1, ge=0, le=1)
-    warmup_steps: int = Field(30, ge=0)
-    weight_decay: float = Field(0.1, ge=0)
-    betas: tuple[Beta, Beta] = Field((0.9, 0.95), description="AdamW's (beta1, beta2), each in [0, 1)")
-    grad_clip: float = Field(1.0, ge=0, description="0 disables clipping")
-    device: Literal["auto", "cpu", "cuda"] = "auto"
-    dtype: Literal["auto", "fp32", "bf16"] = Field("auto", description="auto: fp32 on CPU, bf16 autocast on CUDA")
-    threads: int | None = Field(None, gt=0, description="torch intra-op threads on CPU (default: all cores)")
-    peak_flops: float | None = Field(None, gt=0, description="peak FLOP/s of one device, the denominator of the logged MFU "
-                                                             "(default: a matmul measured at the start of training)")
-    compile: bool = False
-    parallel: Literal["ddp", "fsdp"] = Field("ddp", description="data parallelism under torchrun (DDP, or FSDP2 sharding)")
-    dist_timeout_s: float = Field(600.0, gt=0, le=86400, description="seconds a collective may wait for the other ranks under torchrun")
-    checkpoint_every: int = Field(100, gt=0)
-    keep_checkpoints: int = Field(2, gt=0)
-    log_every: int = Field(10, gt=0)
-    progress: bool = True
-    loggers: list[Literal["jsonl", "tensorboard", "wandb"]] = Field(
-        default_factory=lambda: ["jsonl"], description="jsonl (always on, the source of truth), tensorboard, wandb (docs/tracking.md)")
-
-    @field_validator("loggers")
-    @classmethod
-    def _loggers(cls, v):
-        return list(normalize_loggers(v))
-
-    @model_validator(mode="after")
-    def _check(self):
-        if self.batch_size % self.grad_accum:
-            raise ValueError(f"batch_size={self.batch_size} is not divisible by grad_accum={self.grad_accum}")
-        if self.warmup_steps >= self.steps and self.steps > 1:
-            raise ValueError(f"warmup_steps={self.warmup_steps} must be < steps={self.steps}")
-        return self
-
-
-class EvalConfig(Strict):
-    every: int = Field(50, gt=0, description="evaluate every K steps (and at the last step)")
-    split: Literal["validation", "test"] = "validation"
-    max_tokens: int = Field(65536, gt=0, description="evaluation tokens per domain (windows spread over the split)")
-    batch_size: int = Field(8, gt=0, le=MAX_BATCH)
+from .config_sections import (MAX_BATCH, MAX_D_MODEL, MAX_LAYERS, MAX_SEQ_LEN, MAX_STEPS, CompareConfig, DataConfig,  # noqa: F401 (re-exported)
+                              EvalConfig, TrainConfig)
 
 
 class RunConfig(Strict):
@@ -176,6 +103,9 @@ class ExperimentConfig(Strict):
     tune: TuneConfig | None = Field(None, description="tune = { keys, seeds, metric }: choose each run's value of swept keys on "
                                     "tuning seeds (in-domain validation loss), then compare at the chosen values; "
                                     "tune = false (--set tune=false) turns it off, e.g. for a shared-value control")
+    compare: CompareConfig | None = Field(None, description="[compare]: the study's comparison design, fixed before results "
+                                          "(band, match_domains, targets, points; docs/metrics.md); absent: the lowest 30% "
+                                          "of each pair's common range, every target, the evaluations")
     data: dict[str, Any] = Field(default_factory=dict)
     model: dict[str, Any] = Field(default_factory=dict)
     train: dict[str, Any] = Field(default_factory=dict)

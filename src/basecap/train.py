@@ -6,8 +6,9 @@ resume exactly (the batch of step s is a pure function of (seed, s), and optimiz
 restored), so a killed run continues with the same loss sequence it would have had.
 
 Every step records tokens/s and MFU: model FLOP/s (3 x the forward FLOPs per token x tokens/s) over the
-peak FLOP/s of the devices, a matmul measured once per process at the start (``matmul_peak_flops``)
-unless ``train.peak_flops`` gives it (docs/performance.md).
+peak FLOP/s of the devices: ``train.peak_flops``, else the data sheet (CUDA) or a careful matmul measurement
+stored once per machine and thread count (``basecap.peak``, docs/performance.md). A step above the peak records
+``mfu_above_peak`` instead of ``mfu``.
 """
 
 from __future__ import annotations
@@ -27,10 +28,12 @@ import torch
 
 from .checkpoint import latest_good_checkpoint, restore, save_checkpoint
 from .config import RunConfig
+from .cooldown import pending_fork, run_branch
 from .config_base import ConfigError
 from .distributed import DistEnv, grad_sync, init_distributed, mean_across_ranks, wrap
 from .eval.ood import DomainEvaluator, in_domain_loss
 from .model import build_model
+from .peak import PEAK_MATMUL_SIZE, matmul_peak_flops, mfu_fields, mfu_text, peak_flops  # noqa: F401 - re-exported
 from .rundir import RunDir, environment_info
 from .tracking import Tracker, check_loggers, open_loggers
 
@@ -51,45 +54,40 @@ def resolve_device(cfg: RunConfig, local_rank: int = 0) -> tuple[torch.device, t
     return dev, (torch.bfloat16 if dtype == "bf16" else None)
 
 
+def decay_factor(p: float, shape: str) -> float:
+    """How much of the way from the floor to the starting rate is left at decay progress ``p`` in [0, 1]:
+    1 at p = 0, 0 at p = 1 (linear, cosine, or 1-sqrt, the shape Haegele et al. 2024 found best for wsd)."""
+    p = min(1.0, max(0.0, p))
+    if shape == "linear":
+        return 1.0 - p
+    if shape == "cosine":
+        return 0.5 * (1 + math.cos(math.pi * p))
+    if shape == "1-sqrt":
+        return 1.0 - math.sqrt(p)
+    raise ValueError(f"decay shape {shape!r}: allowed linear, cosine, 1-sqrt")
+
+
 def lr_at(step: int, cfg) -> float:
-    """Linear warmup to ``lr`` then cosine decay to ``lr * min_lr_ratio`` (step counts from 0)."""
+    """The learning rate of 0-based ``step``: linear warmup to ``lr``, then (``schedule="cosine"``) cosine
+    decay to ``lr * min_lr_ratio``, or (``"wsd"``) ``lr`` held until the last ``decay_fraction`` of the
+    steps and decayed to the floor over them in ``decay_shape``, the last step at the floor."""
     if step < cfg.warmup_steps:
         return cfg.lr * (step + 1) / cfg.warmup_steps
+    floor = cfg.lr * cfg.min_lr_ratio
+    if getattr(cfg, "schedule", "cosine") == "wsd":
+        start = cfg.wsd_decay_start()
+        if step < start:
+            return cfg.lr
+        return cooldown_lr(step - start, cfg.steps - start, cfg.lr, floor, cfg.decay_shape)
     progress = (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps)
     return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
 
 
-# the trainer's peak probe: a 2048^3 matmul (17 GFLOP, about 0.1 s on one core of a recent x86 CPU), the fastest of
-# 3 after a warm-up; on an idle CPU within a few percent of the 4096^3 figure of `basecap bench train`
-PEAK_MATMUL_SIZE = 2048
-_PEAKS: dict[tuple, float] = {}
-
-
-def matmul_peak_flops(device: torch.device, dtype: torch.dtype = torch.float32, size: int = PEAK_MATMUL_SIZE, reps: int = 3,
-                      cached: bool = True, clock: Callable[[], float] = time.perf_counter) -> float:
-    """FLOP/s (2 size^3 per product) of a square ``size`` matmul in ``dtype`` on ``device`` at the current
-    thread count, the fastest of ``reps`` after one warm-up: the peak MFU is measured against. The fastest,
-    not the median: on a CPU shared with other jobs a matmul's time varies about 2x with what else runs,
-    and the fastest is the figure of the hardware. ``clock=time.process_time`` gives FLOPs per CPU-second
-    of this process instead (CPU only). Cached per process (per device, dtype, size, thread count and
-    clock) unless ``cached`` is False."""
-    key = (str(device), dtype, size, reps, torch.get_num_threads(), clock)
-    if key not in _PEAKS or not cached:
-        g = torch.Generator(device=device).manual_seed(0)
-        a, b = (torch.randn(size, size, device=device, generator=g).to(dtype) for _ in range(2))
-        out = torch.empty_like(a)
-        times = []
-        for i in range(reps + 1):
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            t = clock()
-            torch.mm(a, b, out=out)
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            if i:
-                times.append(clock() - t)
-        _PEAKS[key] = 2.0 * size**3 / min(times)
-    return _PEAKS[key]
+def cooldown_lr(k: int, length: int, start_lr: float, floor: float, shape: str) -> float:
+    """Rate of the ``k``-th (0-based) of ``length`` decay steps from ``start_lr`` to ``floor``: the last one is
+    at the floor. A wsd run's decay and a cooldown branch share it, so a branch forked where a wsd run starts
+    its decay reproduces that run's end exactly."""
+    return floor + (start_lr - floor) * decay_factor((k + 1) / length, shape)
 
 
 def mfu(tokens_per_s: float, train_flops_per_token: float, peak_flops: float) -> float:
@@ -124,6 +122,9 @@ class _Run:
     peak_flops: float  # of all ranks together
     bar: Any = None  # tqdm progress bar on rank 0
 
+    def lr_at(self, step: int) -> float:
+        return lr_at(step, self.cfg.train)
+
     @property
     def tokens_per_step(self) -> int:
         return self.cfg.train.batch_size * self.cfg.data.seq_len
@@ -152,8 +153,12 @@ def _train(cfg: RunConfig, rd: RunDir, env: DistEnv, device, amp_dtype, corpus, 
 
     run = _setup(cfg, rd, env, device, amp_dtype, corpus, log)
     final = None
-    t_last = time.perf_counter()
+    forks = set(cfg.train.cooldowns)
     with run.tracker:  # closed as failed if the loop raises
+        owed = pending_fork(cfg, run.start, rd.read_metrics())  # every rank reads it: all of them train the branch
+        if owed is not None:  # killed during the branch forked here: finish it before the run goes on
+            _branch(run, owed)
+        t_last = time.perf_counter()
         for step in range(run.start, cfg.train.steps):
             loss, lr, gnorm = _step(run, step)
             now = time.perf_counter()
@@ -163,12 +168,21 @@ def _train(cfg: RunConfig, rd: RunDir, env: DistEnv, device, amp_dtype, corpus, 
             if done % cfg.eval.every == 0 or done == cfg.train.steps:
                 final = _evaluate(run, done)
                 t_last = time.perf_counter()  # tokens/s counts training steps, not evaluations or checkpoints
-            if done % cfg.train.checkpoint_every == 0 or done == cfg.train.steps:
+            if done % cfg.train.checkpoint_every == 0 or done == cfg.train.steps or done in forks:
                 rd.sync_metrics()  # on disk before the checkpoint that covers them
                 save_checkpoint(rd.checkpoints, done, run.model, run.opt, {}, keep=cfg.train.keep_checkpoints, env=env)
                 run.tracker.flush()
                 t_last = time.perf_counter()
+            if done in forks:
+                _branch(run, done)
+                t_last = time.perf_counter()
         return _finish(run, final)
+
+
+def _branch(run: _Run, fork: int) -> dict:
+    """The cooldown branch forked after ``fork`` steps (``cooldown.run_branch``); the run is back at ``fork`` after it."""
+    return run_branch(run, fork, lambda r, step, lr: _step(r, step, lr), _evaluate,
+                      lambda k, n, start, floor: cooldown_lr(k, n, start, floor, run.cfg.train.decay_shape), run.log)
 
 
 def _setup(cfg: RunConfig, rd: RunDir, env: DistEnv, device, amp_dtype, corpus, log) -> _Run:
@@ -182,7 +196,8 @@ def _setup(cfg: RunConfig, rd: RunDir, env: DistEnv, device, amp_dtype, corpus, 
     batches = TrainBatches(corpus, weights=cfg.data.train_weights, seq_len=cfg.data.seq_len, batch_size=cfg.train.batch_size // env.world_size,
                            seed=cfg.seed, rank=env.rank, world_size=env.world_size)
     evaluator = DomainEvaluator(corpus, cfg.data.eval_domains or corpus.domains, cfg.eval.split, cfg.data.seq_len,
-                                cfg.eval.batch_size, cfg.eval.max_tokens, train_weights=cfg.data.train_weights)
+                                cfg.eval.batch_size, cfg.eval.max_tokens, train_weights=cfg.data.train_weights,
+                                seen_min_count=cfg.eval.seen_min_count)
     if cfg.train.threads and device.type == "cpu":
         torch.set_num_threads(cfg.train.threads)
     autocast = partial(torch.autocast, device_type=device.type, dtype=amp_dtype) if amp_dtype else None
@@ -219,13 +234,11 @@ def _setup(cfg: RunConfig, rd: RunDir, env: DistEnv, device, amp_dtype, corpus, 
 
 
 def _peak(cfg: RunConfig, device, amp_dtype) -> dict:
-    """The peak FLOP/s of one device (MFU's denominator) and where it comes from."""
+    """The peak FLOP/s of one device (MFU's denominator) and where it comes from: ``train.peak_flops``, else
+    the data sheet (CUDA) or the stored measurement of this machine at this thread count (``basecap.peak``)."""
     if cfg.train.peak_flops is not None:
         return {"per_device": cfg.train.peak_flops, "source": "train.peak_flops"}
-    dtype = amp_dtype or torch.float32
-    threads = f", {torch.get_num_threads()} thread(s)" if device.type == "cpu" else ""
-    return {"per_device": matmul_peak_flops(device, dtype),
-            "source": f"measured: {str(dtype).removeprefix('torch.')} {PEAK_MATMUL_SIZE}^3 matmul, fastest of 3{threads}"}
+    return peak_flops(device, amp_dtype or torch.float32)
 
 
 def _run_info(cfg: RunConfig, model, corpus, env: DistEnv, device) -> dict:
@@ -239,11 +252,12 @@ def _run_info(cfg: RunConfig, model, corpus, env: DistEnv, device) -> dict:
     }
 
 
-def _step(run: _Run, step: int) -> tuple[float, float, torch.Tensor]:
-    """One optimizer step (0-based ``step``): micro-batches with gradient accumulation, clipping, AdamW.
-    Returns (loss, learning rate, gradient norm); stops the run on a non-finite loss."""
+def _step(run: _Run, step: int, lr: float | None = None) -> tuple[float, float, torch.Tensor]:
+    """One optimizer step (0-based ``step``) on the batch of that step: micro-batches with gradient accumulation,
+    clipping, AdamW, at ``lr`` (default: the schedule's). Returns (loss, learning rate, gradient norm); stops the
+    run on a non-finite loss."""
     tc = run.cfg.train
-    lr = lr_at(step, tc)
+    lr = lr_at(step, tc) if lr is None else lr
     for g in run.opt.param_groups:
         g["lr"] = lr
     loss_sum = 0.0
@@ -280,23 +294,24 @@ def _loss(model, x, y):
 def _record_step(run: _Run, done: int, loss: float, lr: float, gnorm, tokens_per_s: float):
     """The step's metrics record (rank 0 writes it) and the progress bar or log line."""
     util = mfu(tokens_per_s, run.train_flops_per_token, run.peak_flops)
-    rec = {"kind": "train", "step": done, "loss": loss, "lr": lr, "grad_norm": float(gnorm), "tokens_per_s": tokens_per_s, "mfu": util}
+    rec = {"kind": "train", "step": done, "loss": loss, "lr": lr, "grad_norm": float(gnorm), "tokens_per_s": tokens_per_s, **mfu_fields(util)}
     if run.env.is_main:
         run.rd.append_metrics(rec)
         run.tracker.log(rec)
     if run.bar:
         run.bar.update(1)
-        run.bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{tokens_per_s:.0f}", mfu=f"{100 * util:.0f}%", refresh=False)
+        run.bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{tokens_per_s:.0f}", mfu=mfu_text(util), refresh=False)
     elif done % run.cfg.train.log_every == 0:
         run.log(f"[{run.cfg.run_id}] step {done}/{run.cfg.train.steps} loss {loss:.4f} lr {lr:.2e} {tokens_per_s:.0f} tok/s "
-                f"MFU {100 * util:.1f}%")
+                f"MFU {mfu_text(util, 1)}")
 
 
-def _evaluate(run: _Run, step: int) -> dict:
-    """Loss and bits per byte of every evaluation domain, appended to metrics.jsonl."""
+def _evaluate(run: _Run, step: int, kind: str = "eval", extra: dict | None = None) -> dict:
+    """Loss and bits per byte of every evaluation domain (and per training-frequency stratum of the target),
+    appended to metrics.jsonl; ``kind="anneal"`` for a cooldown branch's point (``extra``: its fields)."""
     res = run.evaluator.evaluate(run.model, run.device, run.autocast)  # every rank (FSDP needs all of them); rank 0 writes
-    rec = {"kind": "eval", "step": step, "tokens": step * run.tokens_per_step, "split": run.cfg.eval.split,
-           "in_domain_loss": in_domain_loss(res, run.cfg.data.train_weights), "domains": res}
+    rec = {"kind": kind, "step": step, "tokens": step * run.tokens_per_step, "split": run.cfg.eval.split,
+           "in_domain_loss": in_domain_loss(res, run.cfg.data.train_weights), **(extra or {}), "domains": res}
     if run.env.is_main:
         run.rd.append_metrics(rec)
         run.tracker.log(rec)
@@ -320,11 +335,12 @@ def _finish(run: _Run, final: dict | None) -> dict:
 def _record_speed(run: _Run):
     """run.json's "speed": medians over the run's training steps (every step of metrics.jsonl, resumed
     parts included; the first step, which warms up, is left out when there are others)."""
-    steps = [r for r in run.rd.read_metrics() if r["kind"] == "train" and "mfu" in r]
+    steps = [r for r in run.rd.read_metrics() if r["kind"] == "train" and "tokens_per_s" in r]
     steps = steps[1:] if len(steps) > 1 else steps
     if not steps:
         return
     info = run.rd.read_info()
-    info["speed"] = {"steps": len(steps), "tokens_per_s": statistics.median(r["tokens_per_s"] for r in steps),
-                     "mfu": statistics.median(r["mfu"] for r in steps)}
+    tokens_per_s = statistics.median(r["tokens_per_s"] for r in steps)
+    info["speed"] = {"steps": len(steps), "tokens_per_s": tokens_per_s,
+                     **mfu_fields(mfu(tokens_per_s, run.train_flops_per_token, run.peak_flops))}
     run.rd.write_info(info)

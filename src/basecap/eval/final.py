@@ -39,7 +39,7 @@ def evaluate_run(run_dir: str | Path, corpus=None, split: str = "test", max_toke
     model, cfg, corpus, ckpt = load_trained(run_dir, corpus, log)
     domains = cfg.data.eval_domains or corpus.domains
     ev = DomainEvaluator(corpus, domains, split, cfg.data.seq_len, cfg.eval.batch_size, max_tokens or cfg.eval.max_tokens,
-                         train_weights=cfg.data.train_weights)
+                         train_weights=cfg.data.train_weights, seen_min_count=cfg.eval.seen_min_count)
     res = ev.evaluate(model)
     out = {"run_id": cfg.run_id, "checkpoint": ckpt.name, "split": split, "in_domain": cfg.data.in_domains(),
            "in_domain_loss": in_domain_loss(res, cfg.data.train_weights), "domains": res}

@@ -10,18 +10,43 @@ from __future__ import annotations
 
 import math
 from contextlib import nullcontext
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    import numpy as np
+
+
+STRATA = ("seen", "rare", "unseen")
+
+
+def target_strata(counts: "np.ndarray", seen_min_count: int) -> torch.Tensor:
+    """Stratum index [V] of every token id by its count in the training split of the training domains: 0 =
+    "seen" (>= ``seen_min_count``), 1 = "rare" (1 to seen_min_count - 1), 2 = "unseen" (never)."""
+    c = torch.as_tensor(counts, dtype=torch.int64)
+    out = torch.zeros(len(c), dtype=torch.int64)
+    out[c < seen_min_count] = 1
+    out[c == 0] = 2
+    return out
+
+
+def strata_losses(losses: torch.Tensor, targets: torch.Tensor, strata: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(summed loss, token count) per stratum [len(STRATA)] of per-token ``losses`` at ``targets``."""
+    idx = strata[targets.reshape(-1).cpu()]
+    sums = torch.bincount(idx, weights=losses.reshape(-1).double().cpu(), minlength=len(STRATA))
+    return sums, torch.bincount(idx, minlength=len(STRATA))
 
 
 class DomainEvaluator:
     """Holds fixed evaluation windows per domain so every evaluation of a run sees the same tokens.
 
     With ``train_weights``, each domain's result also carries ``unigram_loss``: the training mixture's
-    unigram baseline on the same windows (``data.baselines``)."""
+    unigram baseline on the same windows (``data.baselines``), and ``strata``: the loss split by how often
+    the target token occurs in the training domains' train split (``target_strata``, docs/metrics.md)."""
 
     def __init__(self, corpus, domains: list[str], split: str, seq_len: int, batch_size: int, max_tokens: int,
-                 train_weights: dict[str, float] | None = None):
+                 train_weights: dict[str, float] | None = None, seen_min_count: int = 10):
         from ..data.loader import eval_batches
 
         self.split = split
@@ -36,6 +61,13 @@ class DomainEvaluator:
             from ..data.baselines import unigram_losses
 
             self.unigram = unigram_losses(corpus, train_weights, domains, split, seq_len, max_tokens)
+        self.strata: torch.Tensor | None = None
+        self.seen_min_count = seen_min_count
+        if train_weights is not None:
+            from ..data.baselines import train_token_counts
+
+            counts = train_token_counts(corpus, [d for d, w in train_weights.items() if w > 0])
+            self.strata = target_strata(sum(counts.values()), seen_min_count)
 
     @torch.no_grad()
     def evaluate(self, model, device="cpu", autocast=None) -> dict[str, dict]:
@@ -46,11 +78,16 @@ class DomainEvaluator:
         out = {}
         for d, batches in self.batches.items():
             sums = []
+            by_stratum = [torch.zeros(len(STRATA), dtype=torch.float64), torch.zeros(len(STRATA), dtype=torch.int64)]
             for x, y in batches:
                 x, y = x.to(device), y.to(device)
                 with autocast() if autocast else nullcontext():
                     losses = token_losses(model, x, y)  # [B, T]
                 sums.append(losses.double().sum(1).cpu())
+                if self.strata is not None:
+                    s, c = strata_losses(losses, y, self.strata)
+                    by_stratum[0] += s
+                    by_stratum[1] += c
             window_sums = torch.cat(sums)
             n = sum(y.numel() for _, y in batches)
             total = float(window_sums.sum())
@@ -59,6 +96,10 @@ class DomainEvaluator:
                       "window_losses": [round(v, 6) for v in (window_sums / (n // len(window_sums))).tolist()]}
             if d in self.unigram:
                 out[d]["unigram_loss"] = self.unigram[d]
+            if self.strata is not None:
+                out[d]["strata"] = {name: {"loss": float(by_stratum[0][i]) / int(by_stratum[1][i]) if by_stratum[1][i] else None,
+                                           "tokens": int(by_stratum[1][i])} for i, name in enumerate(STRATA)}
+                out[d]["seen_min_count"] = self.seen_min_count
         model.train(was_training)
         return out
 

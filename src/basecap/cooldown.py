@@ -1,0 +1,78 @@
+"""Cooldown branches: annealed points along one training run.
+
+At each step ``s`` of ``train.cooldowns`` the run forks a branch from its exact state (weights, optimizer,
+data position): the branch continues the run's own data stream (the batch of step ``s + k`` is the run's)
+while it decays the learning rate from the run's rate at ``s`` to the floor (``lr x min_lr_ratio``) over
+``round(cooldown_fraction x s)`` steps, in ``train.decay_shape``. It is then evaluated like any evaluation and
+recorded in ``metrics.jsonl`` as ``{"kind": "anneal", "step": s, "end_step": s + L, ...}``: an *annealed point*,
+what the run would score had it been planned to stop there (Haegele et al. 2024; docs/metrics.md).
+
+The main run is untouched: before a branch the run writes its checkpoint at ``s``, and after the branch it is
+restored from it (checkpoints resume exactly), so its numbers are bit-identical with or without branches. A
+branch writes its own checkpoints under ``cooldown/step_<s>/`` every ``train.checkpoint_every`` steps; a kill
+during a branch resumes the run at ``s`` and the branch from its last checkpoint, and the branch folder is
+removed once its point is recorded. With ``keep_cooldown_weights`` the branch's final weights stay in
+``annealed/step_<s>/model.safetensors``.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from .checkpoint import latest_good_checkpoint, list_checkpoints, restore, save_checkpoint
+
+
+def branch_root(run_path: Path, fork: int) -> Path:
+    return run_path / "cooldown" / f"step_{fork:08d}"
+
+
+def pending_fork(cfg, start: int, records: list[dict]) -> int | None:
+    """The fork whose branch a run resuming at ``start`` still owes (its point not recorded yet), else None."""
+    if start not in cfg.train.cooldowns:
+        return None
+    done = {r["step"] for r in records if r.get("kind") == "anneal"}
+    return None if start in done else start
+
+
+def total_branch_steps(train_cfg) -> int:
+    """Optimizer steps every branch of a run adds together (``basecap plan`` counts them)."""
+    return sum(train_cfg.cooldown_steps(s) for s in train_cfg.cooldowns)
+
+
+def run_branch(run, fork: int, step_fn, evaluate_fn, lr_fn, log) -> dict:
+    """Train, evaluate and record the branch forked after ``fork`` steps, then put the run back at ``fork``.
+    ``step_fn(run, step, lr)`` is the trainer's optimizer step, ``evaluate_fn(run, step, kind, extra)`` its
+    evaluation, ``lr_fn(k, length, start_lr, floor)`` the decay. Returns the recorded point."""
+    tc, rd = run.cfg.train, run.rd
+    length = tc.cooldown_steps(fork)
+    main = next((c for c in reversed(list_checkpoints(rd.checkpoints)) if c.name == f"step_{fork:08d}"), None)
+    if main is None:
+        raise RuntimeError(f"[{run.cfg.run_id}] cooldown at step {fork}: the run's checkpoint at that step is missing")
+    root = branch_root(rd.path, fork)
+    begin = 0
+    ckpt = latest_good_checkpoint(root, log=lambda *_: None)
+    if ckpt is not None:
+        begin = restore(ckpt, run.model, run.opt)["step"] - fork
+        log(f"[{run.cfg.run_id}] cooldown branch at step {fork}: resuming at its step {begin} of {length}")
+    start_lr = run.lr_at(fork)
+    floor = tc.lr * tc.min_lr_ratio
+    for k in range(begin, length):
+        step_fn(run, fork + k, lr_fn(k, length, start_lr, floor))
+        if (k + 1) % tc.checkpoint_every == 0 and k + 1 < length:
+            save_checkpoint(root, fork + k + 1, run.model, run.opt, {"cooldown_of": fork}, keep=1, env=run.env)
+    extra = {"end_step": fork + length, "cooldown_steps": length, "start_lr": start_lr, "end_lr": lr_fn(length - 1, length, start_lr, floor),
+             "tokens": (fork + length) * run.tokens_per_step}
+    rec = evaluate_fn(run, fork, "anneal", extra)
+    if tc.keep_cooldown_weights:  # the checkpoint writer's full weights (tied embeddings and FSDP shards handled there)
+        final = Path(save_checkpoint(root, fork + length, run.model, run.opt, {"cooldown_of": fork}, keep=1, env=run.env))
+        if run.env.is_main:
+            out = rd.path / "annealed" / f"step_{fork:08d}"
+            out.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(final / "model.safetensors", out / "model.safetensors")
+    rd.sync_metrics()
+    restore(main, run.model, run.opt)  # the main run continues from its own state at the fork
+    if run.env.is_main:
+        shutil.rmtree(rd.path / "cooldown" / root.name, ignore_errors=True)
+    log(f"[{run.cfg.run_id}] annealed point at step {fork} (+{length} cooldown steps): in-domain loss {rec['in_domain_loss']:.4f}")
+    return rec
