@@ -97,8 +97,8 @@ LAYERS = [
     ["config_base", "atomic", "ops", "kernels", "distributed", "presets"],
     ["data", "mixers", "tracking"],
     ["model", "matching", "config"],
-    ["rundir", "checkpoint"],
-    ["train", "eval", "report", "reuse"],
+    ["rundir", "checkpoint", "peak"],
+    ["train", "eval", "report", "reuse", "compile"],
     ["experiment", "bench", "hf", "catalog", "plan", "sweep", "tune"],
     ["cli", "__main__", "lm_eval_plugin"],
 ]

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from basecap.config import validate_run
+from basecap.peak import cpu_model, peak_path
 from basecap.train import matmul_peak_flops, mfu, train
 
 
@@ -19,7 +20,7 @@ def test_mfu_arithmetic():
 
 
 def test_matmul_peak_is_measured_once_per_process_and_thread_count(monkeypatch):
-    import basecap.train as T
+    import basecap.peak as T
 
     monkeypatch.setattr(T, "_PEAKS", {})
     cpu = torch.device("cpu")
@@ -53,23 +54,25 @@ def _cfg(recipe, **train_over):
 
 
 def test_a_run_records_tokens_per_s_and_mfu_against_the_given_peak(tiny_corpus, tiny_recipe_path, tmp_path):
-    train(_cfg(tiny_recipe_path, peak_flops=2e9), tmp_path / "r", corpus=tiny_corpus, log=lambda *_: None)
+    train(_cfg(tiny_recipe_path, peak_flops=2e12), tmp_path / "r", corpus=tiny_corpus, log=lambda *_: None)
     info = json.loads((tmp_path / "r" / "run.json").read_text())
-    assert info["peak_flops"] == {"per_device": 2e9, "source": "train.peak_flops"}
+    assert info["peak_flops"] == {"per_device": 2e12, "source": "train.peak_flops"}
     steps = [json.loads(line) for line in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in steps if r["kind"] == "train"]
     assert len(steps) == 3
     for r in steps:
-        assert r["mfu"] == pytest.approx(r["tokens_per_s"] * 3 * info["flops_per_token"] / 2e9, rel=1e-12)
+        assert r["mfu"] == pytest.approx(r["tokens_per_s"] * 3 * info["flops_per_token"] / 2e12, rel=1e-12)
     assert info["speed"] == {"steps": 2, "tokens_per_s": statistics.median(r["tokens_per_s"] for r in steps[1:]),
-                             "mfu": statistics.median(r["mfu"] for r in steps[1:])}
+                             "mfu": pytest.approx(statistics.median(r["mfu"] for r in steps[1:]), rel=1e-12)}
 
 
 def test_a_run_without_a_peak_measures_one(tiny_corpus, tiny_recipe_path, tmp_path):
     train(_cfg(tiny_recipe_path, steps=1), tmp_path / "r", corpus=tiny_corpus, log=lambda *_: None)
     info = json.loads((tmp_path / "r" / "run.json").read_text())
     assert info["peak_flops"]["per_device"] > 0
-    assert info["peak_flops"]["source"] == f"measured: float32 2048^3 matmul, fastest of 3, {torch.get_num_threads()} thread(s)"
+    stored = json.loads(peak_path().read_text())[info["peak_flops"]["stored"]]  # the data home's measurement, not a probe of its own
+    assert info["peak_flops"]["per_device"] == stored["flops"]
+    assert info["peak_flops"]["source"].startswith(f"stored: {cpu_model()} (cpu, {torch.get_num_threads()} thread(s)), float32, 2048^3 matmul")
     assert 0 < info["speed"]["mfu"] == pytest.approx(
         info["speed"]["tokens_per_s"] * 3 * info["flops_per_token"] / info["peak_flops"]["per_device"])
 
@@ -80,7 +83,9 @@ def test_train_benchmark_reports_mfu(tiny_corpus, tiny_recipe_path, tmp_path):
     res = main(["--recipe", str(tiny_recipe_path), "--d-model", "32", "--layers", "1", "--seq-len", "32", "--batch", "4",
                 "--steps", "4", "--windows", "1", "--peak-size", "128", "--threads", "1", "--out", str(tmp_path)])
     assert json.loads((tmp_path / "train.json").read_text()) == json.loads(json.dumps(res))
-    assert len(res["peak_flops_windows"]) == 1 and res["peak_flops"] == res["peak_flops_windows"][0] > 0
+    assert len(res["probe_flops_windows"]) == 1 and res["probe_flops_windows"][0] > 0
+    assert res["peak_flops"] == json.loads(peak_path().read_text())[f"{cpu_model()} (cpu, 1 thread(s)), float32"]["flops"]
+    assert res["trainer_logged_mfu"] == pytest.approx(res["trainer_mfu"], rel=1e-9)  # one denominator for the trainer and the bench
     assert res["trainer_mfu"] == pytest.approx(res["trainer_tokens_per_s"] * res["train_flops_per_token"] / res["peak_flops"])
     assert res["trainer_flops_per_s"] == pytest.approx(res["trainer_tokens_per_s"] * res["train_flops_per_token"])
     assert res["plain_mfu"] > 0 and res["plain_cpu_mfu"] > 0 and res["trainer_logged_mfu"] > 0 and res["threads"] == 1

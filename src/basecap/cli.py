@@ -276,6 +276,31 @@ def _add_plan(sub) -> None:
     pl.add_argument("--json", action="store_true")
 
 
+def _cmd_peak(args):
+    """MFU's denominator on this machine: the peak FLOP/s stored in the data home per CPU model, dtype and
+    thread count (measured until stable the first time a run or benchmark needs it), beside the CPU's nominal
+    limit (cores x clock x fp32 lanes x FMA units x 2) where /proc/cpuinfo tells. --refresh measures again."""
+    import torch
+
+    from .peak import nominal_cpu_limit, peak_flops, peak_path
+
+    device = torch.device(args.device)
+    for n in args.threads or [torch.get_num_threads()]:
+        torch.set_num_threads(n)
+        p = peak_flops(device, torch.float32, refresh=args.refresh, log=print)
+        nominal = nominal_cpu_limit(n) if device.type == "cpu" else None
+        limit = f"; nominal limit {nominal['flops'] / 1e9:.1f} GFLOP/s" if nominal else ""
+        print(f"{n} thread(s): {p['per_device'] / 1e9:.1f} GFLOP/s{limit}\n  {p['source']}")
+    print(f"stored in {peak_path()}")
+
+
+def _add_peak(sub) -> None:
+    pk = _command(sub, "peak", _cmd_peak, "the stored peak FLOP/s MFU is measured against (--refresh: measure again)")
+    pk.add_argument("--threads", type=int, nargs="+", default=None, help="thread counts (default: torch's)")
+    pk.add_argument("--refresh", action="store_true", help="measure again and store the new figure")
+    pk.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+
+
 def _cmd_bench(args):
     mod = importlib.import_module(f"basecap.bench.{args.name}")
     mod.main(args.args)
@@ -294,7 +319,7 @@ def build_parser() -> argparse.ArgumentParser:
                                 "test them out of distribution, compare. Every command is also a Python call.",
                                 epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for add in (_add_data, _add_train, _add_eval, _add_report, _add_run, _add_mixers, _add_export, _add_plan, _add_bench):
+    for add in (_add_data, _add_train, _add_eval, _add_report, _add_run, _add_mixers, _add_export, _add_plan, _add_bench, _add_peak):
         add(sub)
     return p
 
