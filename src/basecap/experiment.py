@@ -28,6 +28,7 @@ def resolve_experiment(path: str | Path, overrides: list[str] | None = None) -> 
     parameter-matched, all before any compute. For a tune experiment the runs are its tuning runs
     (``compared_runs`` turns them into the comparison)."""
     from .eval.suites import check_suite_options
+    from .compile import check_compile
     from .tracking import check_loggers
 
     exp = load_experiment(path, overrides)
@@ -39,6 +40,7 @@ def resolve_experiment(path: str | Path, overrides: list[str] | None = None) -> 
     runs = exp.resolve()
     for rc in runs:
         check_loggers(rc.train.loggers)  # a logger's missing package fails before any compute
+        check_compile(rc)  # train.compile with a mixer that does not compile fails here, not at its first step
     return exp, runs
 
 

@@ -27,6 +27,7 @@ from typing import Any, Callable
 import torch
 
 from .checkpoint import latest_good_checkpoint, restore, save_checkpoint
+from .compile import compile_for_training
 from .config import RunConfig
 from .cooldown import pending_fork, run_branch
 from .config_base import ConfigError
@@ -204,7 +205,7 @@ def _setup(cfg: RunConfig, rd: RunDir, env: DistEnv, device, amp_dtype, corpus, 
     peak = _peak(cfg, device, amp_dtype)
 
     torch.manual_seed(cfg.seed)
-    core = build_model(cfg.model, corpus.vocab_size).to(device)
+    core = compile_for_training(build_model(cfg.model, corpus.vocab_size).to(device), cfg, log)
     info = _run_info(cfg, core, corpus, env, device) | {"peak_flops": peak}
     model = wrap(core, cfg.train.parallel, env, device)
     opt = make_optimizer(model, cfg.train)

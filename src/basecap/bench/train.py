@@ -5,9 +5,14 @@ for the plain loop) in the same process, alternating trainer and plain windows t
 The default shape is the quickstart's Transformer++ (width 128, 4 layers, 256 tokens x 16 sequences,
 the default corpus's 8192-token vocabulary). Reported: median tokens/s of optimizer steps (evaluation
 and checkpointing are excluded from both: they are configured work, not overhead), the ratio, and
-MFU: model FLOP/s (3 x ``LM.flops_per_token`` x tokens/s) over the peak FLOP/s of an fp32
-``--peak-size``^3 matmul at the same thread count (the fastest of 3 after a warm-up, measured before
-every window; the fastest over windows, see ``train.matmul_peak_flops``).
+MFU: model FLOP/s (3 x ``LM.flops_per_token`` x tokens/s) over the peak FLOP/s the trainer uses, the
+one stored for this machine and thread count (``basecap.peak``, ``basecap peak``); a quick
+``--peak-size``^3 probe before every window is shown beside it (``probe_flops``).
+
+``--compile``: each window also trains with ``train.compile = true`` (basecap.compile) from the same
+weights and batches; printed are eager and compiled trainer tokens/s (medians after the first two steps) and
+the warm-up cost, the time the first steps took beyond that median (the first window compiles from scratch;
+later ones may reuse inductor's cache).
 
 On a CPU shared with other jobs the steps slow down with the load (``load_average`` is recorded), so
 the plain loop is also timed in process CPU time: ``plain_cpu_mfu`` is its model FLOPs per CPU-second
@@ -43,6 +48,13 @@ def _plain_steps(model, opt, batches, clip):
     return times
 
 
+def _trainer_steps(train, cfg, corpus, RunDir) -> list[dict]:
+    """The training-step records of one run of the trainer in a temporary folder."""
+    with tempfile.TemporaryDirectory() as tmp:
+        train(cfg, Path(tmp) / "run", corpus=corpus, log=lambda *_: None)
+        return [r for r in RunDir(Path(tmp) / "run").read_metrics() if r["kind"] == "train"]
+
+
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="basecap bench train", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--recipe", default="small-vocab", help="corpus recipe (default: the quickstart's)")
@@ -55,7 +67,8 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--head-impl", default="auto", choices=["auto", "chunked", "plain"], help="the LM head's loss (model.head_impl)")
     ap.add_argument("--threads", type=int, default=None, help="CPU threads (default: torch's, all cores)")
-    ap.add_argument("--peak-size", type=int, default=4096, help="square fp32 matmul size of the peak FLOP/s")
+    ap.add_argument("--peak-size", type=int, default=4096, help="square fp32 matmul size of the quick probe shown beside the stored peak")
+    ap.add_argument("--compile", action="store_true", help="also train with train.compile = true: eager vs compiled tokens/s, warm-up")
     ap.add_argument("--out", default="bench_results/train")
     return ap
 
@@ -66,7 +79,8 @@ def main(argv: list[str] | None = None):
     from ..matching import resolve
     from ..model import build_model
     from ..rundir import RunDir, write_json
-    from ..train import make_optimizer, matmul_peak_flops, mfu, train
+    from ..peak import matmul_peak_flops, peak_flops
+    from ..train import make_optimizer, mfu, train
 
     args = _parser().parse_args(argv)
     if args.threads:
@@ -87,15 +101,21 @@ def main(argv: list[str] | None = None):
     batches = [tb.batch(s) for s in range(steps)]
     tok = args.batch * args.seq_len
     trainer_tps, plain_tps, plain_cpu_tps, peaks, cpu_peaks, trainer_mfu = [], [], [], [], [], []
+    compiled_tps, warmups = [], []
     cpu = torch.device("cpu")
+    stored = peak_flops(cpu, torch.float32, log=print)
     for w in range(args.windows):
         peaks.append(matmul_peak_flops(cpu, size=args.peak_size, reps=3, cached=False))
         cpu_peaks.append(matmul_peak_flops(cpu, size=args.peak_size, reps=3, cached=False, clock=time.process_time))
-        with tempfile.TemporaryDirectory() as tmp:
-            train(cfg, Path(tmp) / "run", corpus=corpus, log=lambda *_: None)
-            recs = [r for r in RunDir(Path(tmp) / "run").read_metrics() if r["kind"] == "train"][2:]  # skip warm-up steps
-            trainer_tps += [r["tokens_per_s"] for r in recs]
-            trainer_mfu += [r["mfu"] for r in recs]
+        recs = _trainer_steps(train, cfg, corpus, RunDir)
+        trainer_tps += [r["tokens_per_s"] for r in recs[2:]]  # skip warm-up steps
+        trainer_mfu += [r.get("mfu", r.get("mfu_above_peak")) for r in recs[2:]]
+        if args.compile:
+            recs = _trainer_steps(train, cfg.model_copy(update={"train": cfg.train.model_copy(update={"compile": True})}), corpus, RunDir)
+            tps = [r["tokens_per_s"] for r in recs]
+            compiled_tps += tps[2:]
+            median_s = tok / statistics.median(tps[2:])
+            warmups.append(sum(tok / t - median_s for t in tps[:2]))
         torch.manual_seed(0)
         model = build_model(cfg.model, corpus.vocab_size)
         opt = make_optimizer(model, cfg.train)
@@ -103,14 +123,15 @@ def main(argv: list[str] | None = None):
         plain_tps += [tok / t for t, _ in times]
         plain_cpu_tps += [tok / c for _, c in times]
     fpt = 3 * model.flops_per_token(args.seq_len)
-    tr, pl, peak = statistics.median(trainer_tps), statistics.median(plain_tps), max(peaks)
+    tr, pl, peak = statistics.median(trainer_tps), statistics.median(plain_tps), stored["per_device"]
     threads = torch.get_num_threads()
     cpu_mfu = mfu(statistics.median(plain_cpu_tps), fpt, max(cpu_peaks))
     overhead = pl / tr - 1
     res = {"mixer": args.mixer, "d_model": args.d_model, "layers": args.layers, "seq_len": args.seq_len, "batch": args.batch,
            "vocab_size": corpus.vocab_size, "head_impl": args.head_impl, "threads": threads,
            "trainer_tokens_per_s": tr, "plain_tokens_per_s": pl, "overhead_pct": 100 * overhead, "target_pct": 5.0, "met": overhead <= 0.05,
-           "train_flops_per_token": fpt, "peak_flops": peak, "peak_flops_windows": peaks, "peak_flops_per_cpu_s": max(cpu_peaks), "peak": f"fp32 {args.peak_size}^3 matmul, fastest of 3",
+           "train_flops_per_token": fpt, "peak_flops": peak, "peak": stored["source"], "probe_flops_windows": peaks, "probe": f"fp32 {args.peak_size}^3 matmul, fastest of 3",
+           "peak_flops_per_cpu_s": max(cpu_peaks),
            "trainer_flops_per_s": tr * fpt, "trainer_mfu": mfu(tr, fpt, peak), "plain_mfu": mfu(pl, fpt, peak), "plain_cpu_mfu": cpu_mfu,
            "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
            "trainer_logged_mfu": statistics.median(trainer_mfu), "mfu_target": 0.5, "load_average": os.getloadavg()}
@@ -119,11 +140,18 @@ def main(argv: list[str] | None = None):
         print(f"{name:<10}{tps:>20.0f}{tps * fpt / 1e9:>10.1f}{100 * mfu(tps, fpt, peak):>7.1f}%")
     print(f"plain loop per CPU-second: MFU {100 * cpu_mfu:.1f}% (model FLOPs per CPU-second over the matmul's, "
           f"{max(cpu_peaks) / 1e9:.1f} GFLOP per CPU-second)")
-    print(f"peak: {peak / 1e9:.1f} GFLOP/s ({res['peak']}, {res['threads']} thread(s)); training FLOPs/token "
-          f"{fpt / 1e6:.2f}M (3 x forward); load average {res['load_average'][0]:.2f}")
+    print(f"peak: {peak / 1e9:.1f} GFLOP/s ({res['peak']}); this run's quick probe ({res['probe']}): "
+          f"{max(peaks) / 1e9:.1f} GFLOP/s; training FLOPs/token {fpt / 1e6:.2f}M (3 x forward); load average {res['load_average'][0]:.2f}")
     print(f"trainer overhead: {100 * overhead:+.1f}% (target <= 5%: {'met' if res['met'] else 'MISSED'}); "
           f"trainer MFU {100 * res['trainer_mfu']:.1f}% (target >= 50%: {'met' if res['trainer_mfu'] >= 0.5 else 'MISSED'}; "
-          f"{100 * res['trainer_logged_mfu']:.1f}% against its own start-up probe)")
+          f"{100 * res['trainer_logged_mfu']:.1f}% as the trainer logged it)")
+    if args.compile:
+        ctps = statistics.median(compiled_tps)
+        res.update(compiled_tokens_per_s=ctps, compile_speedup=ctps / tr, compile_warmup_s=warmups,
+                   compiled_mfu=mfu(ctps, fpt, peak))
+        print(f"train.compile: eager {tr:.0f} tokens/s, compiled {ctps:.0f} tokens/s ({ctps / tr:.2f}x, MFU "
+              f"{100 * res['compiled_mfu']:.1f}%); warm-up {', '.join(f'{s:.1f}' for s in warmups)} s per window "
+              "(the first steps' time beyond the median step)")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / "train.json", res)

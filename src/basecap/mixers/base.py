@@ -49,6 +49,8 @@ class Mixer(nn.Module):
     impls: ClassVar[tuple[str, ...]] = ("ref",)
     # The module of ``basecap.kernels`` behind ``impl = "fast"`` ("fla", "top1_cuda"); None: no fast form.
     fast_kernels: ClassVar[str | None] = None
+    # Whether the training form runs under ``torch.compile`` (train.compile): True, or why it does not (basecap.compile).
+    compiles: ClassVar[bool | str] = True
 
     def __init__(self, d_model: int, cfg: MixerConfig, layer_idx: int = 0, max_seq_len: int = 2048):
         super().__init__()
