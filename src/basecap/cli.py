@@ -202,6 +202,42 @@ def _add_report(sub) -> None:
                         "same report again from the results folder alone")
 
 
+def _cmd_scorecard(args):
+    """Test every claim of the paper (experiments/paper/claims.toml) once, from the published studies' archived
+    records, with one Holm family over the claims file; write results/SCORECARD.md and results/scorecard.json
+    (with --write-readme also the README's Results section and each study README's generated block). --check
+    writes nothing and fails when a committed file differs from what would be written."""
+    from .scorecard import build_scorecard
+    from .scorecard.render import generated_files
+
+    root = Path(args.root)
+    card = build_scorecard(root, args.claims)
+    files = generated_files(card, root)
+    if not (args.write_readme or args.check):
+        files = {p: t for p, t in files.items() if p.parent == root / "results"}
+    if args.check:
+        stale = [str(p) for p, t in files.items() if not p.is_file() or p.read_text(encoding="utf-8") != t]
+        if stale:
+            raise ConfigError("out of date (run `basecap scorecard --write-readme`): " + ", ".join(stale))
+        print(f"scorecard: {len(files)} files up to date")
+        return
+    from .rundir import atomic_write
+
+    for p, t in files.items():
+        atomic_write(p, t)
+    print(files[root / "results" / "SCORECARD.md"].split("## Reused runs")[0].rstrip())
+    print("written: " + ", ".join(str(p) for p in files))
+
+
+def _add_scorecard(sub) -> None:
+    s = _command(sub, "scorecard", _cmd_scorecard, "every claim of the paper tested once: results/SCORECARD.md")
+    s.add_argument("--claims", default=None, help="claims file (default: experiments/paper/claims.toml)")
+    s.add_argument("--root", default=".", help="the repository root with experiments/ and results/ (default: .)")
+    s.add_argument("--write-readme", action="store_true",
+                   help="also regenerate README.md's Results section and each results/<study>/README.md's generated block")
+    s.add_argument("--check", action="store_true", help="write nothing; fail when a generated file is out of date")
+
+
 def _cmd_run(args):
     """Build the corpus if needed, train every run (skipping finished ones, resuming interrupted ones),
     evaluate each on the test split, and write the report. With --run, only the runs named (no report), so
@@ -319,7 +355,8 @@ def build_parser() -> argparse.ArgumentParser:
                                 "test them out of distribution, compare. Every command is also a Python call.",
                                 epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for add in (_add_data, _add_train, _add_eval, _add_report, _add_run, _add_mixers, _add_export, _add_plan, _add_bench, _add_peak):
+    for add in (_add_data, _add_train, _add_eval, _add_report, _add_run, _add_mixers, _add_export, _add_plan, _add_bench, _add_peak,
+                _add_scorecard):
         add(sub)
     return p
 

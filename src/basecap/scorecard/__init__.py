@@ -1,0 +1,73 @@
+"""The scorecard: every claim of the paper (``experiments/paper/claims.toml``) tested once, from the published
+studies' archived records, with one Holm family over the claims file; ``results/SCORECARD.md`` and
+``results/scorecard.json``. ``basecap scorecard`` writes them (docs/metrics.md, "The scorecard")."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..config_base import ConfigError
+from .claims import CLAIMS_FILE, load_claims
+from .compute import claim_values, comparison_key, load_study, provenance, scale_of_config, scale_of_run
+from .verdicts import NOT_RUN, UNTESTABLE, claim_margin, decide, claim_tests
+
+__all__ = ["build_scorecard", "load_claims"]
+
+
+def load_studies(results: Path) -> dict:
+    """Every published study under ``results`` (a folder with summary.json), by folder name."""
+    out = {}
+    for d in sorted(p for p in results.iterdir() if p.is_dir()) if results.is_dir() else []:
+        st = load_study(d)
+        if st is not None:
+            out[d.name] = st
+    return out
+
+
+def build_scorecard(root: str | Path = ".", claims_path: str | Path | None = None) -> dict:
+    """The scorecard of the claims file against the studies under ``root``/results (paths relative to ``root``)."""
+    root = Path(root)
+    claims = load_claims(root / (claims_path or CLAIMS_FILE), root)
+    studies = load_studies(root / "results")
+    copies = provenance(studies)
+    copy_of = {(c["study"], c["run"]): c["copy_of"] for c in copies}
+    rows, seen = [], {}
+    for c in claims.claims:
+        domains = c.domains or claims.domains
+        row = {"id": c.id, "section": c.section, "paper": c.paper, "study": c.study, "expect": c.expect,
+               "direction": c.direction, "run": c.run, "reference": c.reference, "runs": c.runs, "domains": domains,
+               "measure": c.measure, "family": c.untestable is None and c.gpu is None, "claim_obj": c, "test": None,
+               "verdict": NOT_RUN, "detail": "", "scale": None, "results": None, "seeds": [], "values": [], "reused": []}
+        rows.append(row)
+        if c.untestable is not None:
+            row["verdict"], row["detail"] = UNTESTABLE, c.untestable
+            continue
+        study = claims.studies[c.study]
+        folder = claims.results_dir(c.study)
+        st = studies.get(folder)
+        scale_run = c.run or c.reference
+        if st is None:
+            row["scale"] = scale_of_config(root, study.experiment, study.size, scale_run)
+            row["detail"] = (f"needs the paper's GPU scale: {c.gpu}" if c.gpu else
+                             f"experiments/paper/{study.experiment} at size {study.size} (results/{folder}/ not published yet)")
+            continue
+        row["results"] = folder
+        got = claim_values(c, st, domains)
+        key = comparison_key(c, st, got["used"], domains)
+        if key in seen:
+            raise ConfigError(f"claim {c.id} repeats the comparison of claim {seen[key]} (the same run records): "
+                              "a comparison enters the family once")
+        seen[key] = c.id
+        row.update(seeds=got["seeds"], values=got["values"], parts=got["parts"], notes=got["notes"],
+                   scale=scale_of_run(st.runs[next(k for k in got["used"] if k[0] == scale_run)]) if got["used"] else None,
+                   reused=[{"run": f"{n}-s{s}", "copy_of": copy_of[(folder, f"{n}-s{s}")]}
+                           for n, s in got["used"] if (folder, f"{n}-s{s}") in copy_of])
+        row["test"] = claim_tests(c, got["values"], claim_margin(c, claims.margin))
+    m = decide(rows, claims.alpha, claims.power)
+    for r in rows:
+        r.pop("claim_obj")
+    n_records = sum(len(st.runs) for st in studies.values())
+    return {"margin": claims.margin, "margin_reason": " ".join(claims.margin_reason.split()), "alpha": claims.alpha,
+            "power": claims.power, "family_size": m, "claims": rows, "studies": sorted(studies),
+            "run_records": n_records, "distinct_runs": len({fp for st in studies.values() for fp in st.fingerprints.values()}),
+            "copies": copies}

@@ -1,0 +1,171 @@
+"""``experiments/paper/claims.toml``: the paper's claims as data, read and validated like every config.
+
+Unknown keys, an unknown study, a run that is not in the study's experiment file, a claim whose design lacks a
+field (a trend without its x values, an interaction without its control) are errors naming the claim.
+"""
+
+from __future__ import annotations
+
+import math
+import tomllib
+from pathlib import Path
+from typing import Literal
+
+from pydantic import ValidationError, field_validator, model_validator
+
+from ..config_base import ConfigError, Strict, format_validation_error, valid_name
+
+CLAIMS_FILE = Path("experiments/paper/claims.toml")
+EXPECT = ("worse", "better", "no_effect", "trend", "interaction")
+DIRECTIONS = {"trend": ("falls", "rises"), "interaction": ("larger", "smaller")}
+MEASURES = ("primary",)  # the report's primary endpoint: comparisons' per_seed (docs/metrics.md)
+
+
+class Study(Strict):
+    experiment: str                      # a file of experiments/paper/
+    size: str
+    results: str | None = None           # folder under results/ (default: the study's name)
+    label: str | None = None
+
+    @field_validator("results")
+    @classmethod
+    def _name(cls, v):
+        return v if v is None else valid_name(v, "results folders")
+
+
+class Claim(Strict):
+    id: str
+    section: str
+    paper: str                           # the paper's words
+    study: str | None = None
+    expect: Literal["worse", "better", "no_effect", "trend", "interaction"] | None = None
+    direction: str | None = None         # trend: falls | rises; interaction: larger | smaller
+    run: str | None = None
+    reference: str | None = None
+    control_run: str | None = None       # interaction: the control setting's run and reference
+    control_reference: str | None = None
+    x: dict[str, float] | None = None    # trend: each run's value (slope on log2 x)
+    domains: list[str] | None = None
+    seeds: list[int] | None = None       # only these seeds (default: every seed both runs have)
+    measure: Literal["primary"] = "primary"
+    gpu: str | None = None               # needs the paper's GPU scale: what would have to run
+    untestable: str | None = None        # no study can test it: why
+
+    @field_validator("id")
+    @classmethod
+    def _id(cls, v):
+        return valid_name(v, "claim ids")
+
+    @model_validator(mode="after")
+    def _design(self):
+        if self.untestable is not None:
+            extra = [k for k in ("study", "expect", "run", "reference", "x", "gpu") if getattr(self, k) is not None]
+            if extra:
+                raise ValueError(f"an untestable claim names no {', '.join(extra)}")
+            return self
+        for k in ("study", "expect", "reference"):
+            if getattr(self, k) is None:
+                raise ValueError(f"{k} is required")
+        sign_of = DIRECTIONS.get(self.expect)
+        if sign_of and self.direction not in sign_of:
+            raise ValueError(f"direction: a {self.expect} claim needs one of {', '.join(sign_of)}, got {self.direction!r}")
+        if not sign_of and self.direction is not None:
+            raise ValueError(f"direction: only trend and interaction claims have one (this one expects {self.expect})")
+        if self.expect == "trend":
+            if not self.x or len(self.x) < 3 or self.run is not None:
+                raise ValueError("a trend names its runs in x (at least 3, with x values), not run")
+            if any(not (math.isfinite(v) and v > 0) for v in self.x.values()):
+                raise ValueError("x: values must be positive (the slope is on log2 x)")
+            if self.reference not in self.x:
+                raise ValueError("x: the reference is one of the trend's runs (its gap is 0 by definition)")
+        elif self.run is None:
+            raise ValueError("run is required")
+        elif self.x is not None:
+            raise ValueError("x: only a trend has x values")
+        has_control = self.control_run is not None or self.control_reference is not None
+        if (self.expect == "interaction") != has_control or (has_control and None in (self.control_run, self.control_reference)):
+            raise ValueError("an interaction, and only an interaction, names control_run and control_reference")
+        return self
+
+    @property
+    def sign(self) -> int:
+        """+1 when the paper expects the statistic to be positive (worse, rises, larger), -1 when negative, 0 for
+        no effect."""
+        return {"worse": 1, "rises": 1, "larger": 1, "better": -1, "falls": -1, "smaller": -1}.get(
+            self.direction or self.expect, 0)
+
+    @property
+    def runs(self) -> list[str]:
+        """Every run name the claim needs."""
+        names = list(self.x) if self.x else [self.run, self.reference]
+        return [n for n in [*names, self.control_run, self.control_reference] if n is not None]
+
+
+class ClaimsFile(Strict):
+    margin: float
+    margin_reason: str
+    alpha: float = 0.05
+    power: float = 0.8
+    domains: list[str]
+    studies: dict[str, Study]
+    claims: list[Claim]
+
+    @model_validator(mode="after")
+    def _check(self):
+        if not 0 < self.margin < 1 or not 0 < self.alpha < 0.5 or not 0.5 <= self.power < 1:
+            raise ValueError("margin in (0, 1) nats, alpha in (0, 0.5), power in [0.5, 1)")
+        seen = set()
+        for i, c in enumerate(self.claims):
+            if c.id in seen:
+                raise ValueError(f"claims[{i}]: id {c.id!r} is used twice")
+            seen.add(c.id)
+            if c.study is not None and c.study not in self.studies:
+                raise ValueError(f"claims[{i}] ({c.id}): unknown study {c.study!r}; studies: {', '.join(self.studies)}")
+        return self
+
+    def results_dir(self, study: str) -> str:
+        return self.studies[study].results or study
+
+
+def load_claims(path: str | Path = CLAIMS_FILE, root: str | Path = ".") -> ClaimsFile:
+    """The claims file, validated: its keys and designs, and every run it names against the study's experiment file
+    (``load_experiment`` at the study's size)."""
+    path = Path(path)
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+        claims = ClaimsFile.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(format_validation_error(e, f"{path}: ")) from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{path}: {e}") from None
+    except ValueError as e:
+        raise ConfigError(f"{path}: {e}") from None
+    check_runs(claims, Path(root), path)
+    return claims
+
+
+def experiment_path(root: Path, study: Study) -> Path:
+    return root / "experiments" / "paper" / study.experiment
+
+
+def check_runs(claims: ClaimsFile, root: Path, path: Path) -> None:
+    """Every study's experiment file loads at its size, and every run a claim names is one of its runs."""
+    from ..config import load_experiment
+
+    names: dict[str, list[str]] = {}
+    for key, study in claims.studies.items():
+        exp_path = experiment_path(root, study)
+        if not exp_path.is_file():
+            raise ConfigError(f"{path}: studies.{key}.experiment: no file {exp_path}")
+        try:
+            exp = load_experiment(exp_path, [f"size={study.size}"])
+        except ConfigError as e:
+            raise ConfigError(f"{path}: studies.{key}: {e}") from None
+        names[key] = [r["name"] for r in exp.runs]
+    for i, c in enumerate(claims.claims):
+        if c.study is None:
+            continue
+        bad = [r for r in c.runs if r not in names[c.study]]
+        if bad:
+            raise ConfigError(f"{path}: claims[{i}] ({c.id}): {', '.join(map(repr, bad))} is not a run of "
+                              f"{claims.studies[c.study].experiment} (runs: {', '.join(names[c.study])})")

@@ -1,0 +1,191 @@
+"""The scorecard: the claims file's validation, the claim -> comparison adapter against the reports' summary.json,
+the verdict rules, and the generated files (SCORECARD.md, scorecard.json, README blocks) against the committed ones;
+every interval and Holm p quoted by hand in a study README against summary.json."""
+
+import glob
+import json
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+from basecap.config_base import ConfigError
+from basecap.scorecard import build_scorecard, load_claims
+from basecap.scorecard.claims import Claim
+from basecap.scorecard.compute import load_study, pair_gaps
+from basecap.scorecard.render import STUDY_MARKERS, generated_files
+from basecap.scorecard.verdicts import FAILS, HOLDS, UNDECIDED, decide, claim_tests
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def card():
+    return build_scorecard(ROOT)
+
+
+def test_every_claim_of_the_paper_has_a_row(card):
+    ids = {r["id"] for r in card["claims"]}
+    sections = {r["section"] for r in card["claims"]}
+    assert {"1-2", "1, 3", "4", "5", "7"} <= sections
+    for must in ("limited_exposes_mixed_hides", "mamba2_worse", "mamba1_worse", "gated_deltanet_worse", "rwkv6_worse",
+                 "deltanet_worse", "decay_mamba2_shared", "short_conv_mamba2", "mamba2_out_norm", "position_alibi_hurts",
+                 "window_larger_helps", "random_constant_hurts", "sharper_softmax_helps", "chunk_approx_hurts_a_little",
+                 "top1_chunk_approx_keeps", "fewshot_top1_on_par", "swde_top1_element", "speed_100k_top1_chunk",
+                 "sniah_100k_top1_chunk"):
+        assert must in ids
+    rows = {r["id"]: r for r in card["claims"]}
+    # studies never run show as "not run" with the study named; GPU rows say so
+    assert rows["rwkv6_worse"]["verdict"] == "not run" and "architectures_more" in rows["rwkv6_worse"]["detail"]
+    assert rows["fewshot_top1_on_par"]["verdict"] == "not run" and "GPU" in rows["fewshot_top1_on_par"]["detail"]
+    # tuned and shared-rate versions both appear
+    assert rows["mamba2_worse_shared_lr"]["results"] == "architectures_shared_lr"
+
+
+def test_pair_claims_reproduce_the_reports_gaps(card):
+    """The adapter runs the report's matching on the archived records: its per-seed gaps equal summary.json's."""
+    checked = 0
+    for r in card["claims"]:
+        if r["results"] is None:
+            continue
+        summary = json.loads((ROOT / "results" / r["results"] / "summary.json").read_text())
+        for pair, by_domain in r["parts"].items():
+            run, ref = pair.split(" vs ")
+            for domain, per_seed in by_domain.items():
+                c = [c for c in summary["comparisons"] if (c["run"], c["reference"], c["domain"]) == (run, ref, domain)]
+                if c:
+                    assert [int(s) for s in per_seed] == c[0]["seeds"]
+                    assert list(per_seed.values()) == pytest.approx(c[0]["per_seed"], abs=1e-12)
+                    checked += 1
+    assert checked >= 20
+
+
+def test_new_comparison_from_archived_records():
+    """A pair no report made (Approx against Exact) is computed from the records, paired by seed."""
+    st = load_study(ROOT / "results" / "top1")
+    gaps, _ = pair_gaps(st, "top1_chunk_approx", "top1_chunk_exact", ["docs", "code"])
+    assert sorted(gaps) == ["code", "docs"] and sorted(gaps["docs"]) == [0, 1, 2]
+
+
+def test_copies_are_found_and_counted(card):
+    assert card["run_records"] == 94 and card["distinct_runs"] == 64 and len(card["copies"]) == 30
+    copy = {(c["study"], c["run"]): c["copy_of"] for c in card["copies"]}
+    assert copy[("architectures", "sliding_window-s0")] == "ablation_window/runs/window_256-s0"
+    assert copy[("top1", "mamba2-s1")] == "limited_vs_mixed/runs/mamba2-s1"
+    rows = {r["id"]: r for r in card["claims"]}
+    assert {c["run"] for c in rows["mamba2_worse"]["reused"]} >= {"mamba2-s0", "transformer_pp-s2"}
+
+
+def _claims(tmp_path, edit):
+    text = (ROOT / "experiments/paper/claims.toml").read_text()
+    p = tmp_path / "claims.toml"
+    p.write_text(edit(text))
+    return p
+
+
+def test_unknown_run_study_or_key_is_an_error(tmp_path):
+    with pytest.raises(ConfigError, match="'mamba3' is not a run of architectures.toml"):
+        load_claims(_claims(tmp_path, lambda t: t.replace('run = "mamba1"', 'run = "mamba3"', 1)), ROOT)
+    with pytest.raises(ConfigError, match="unknown study 'architecturez'"):
+        load_claims(_claims(tmp_path, lambda t: t.replace('study = "architectures"', 'study = "architecturez"', 1)), ROOT)
+    with pytest.raises(ConfigError, match="margn"):
+        load_claims(_claims(tmp_path, lambda t: t.replace("margin = 0.05", "margn = 0.05", 1)), ROOT)
+    with pytest.raises(ConfigError, match="direction"):
+        load_claims(_claims(tmp_path, lambda t: t.replace('direction = "falls"', 'direction = "up"', 1)), ROOT)
+
+
+def test_a_comparison_enters_the_family_once(tmp_path):
+    """The same run records under other names (a copy) are the same comparison: a second claim of it is refused."""
+    root = tmp_path / "repo"
+    shutil.copytree(ROOT / "experiments", root / "experiments")
+    (root / "results").mkdir()
+    for s in ("top1", "architectures"):
+        shutil.copytree(ROOT / "results" / s, root / "results" / s, ignore=shutil.ignore_patterns("*.png", "*.html"))
+    extra = ('\n[[claims]]\nid = "again"\nsection = "5"\npaper = "x"\nstudy = "architectures"\nexpect = "no_effect"\n'
+             'run = "top1_chunk"\nreference = "transformer_pp"\nseeds = [0, 1, 2]\n')
+    p = root / "experiments/paper/claims.toml"
+    p.write_text(p.read_text() + extra)
+    with pytest.raises(ConfigError, match="repeats the comparison of claim top1_chunk_approx_keeps"):
+        build_scorecard(root)
+
+
+def _row(claim: dict, values):
+    c = Claim.model_validate({"id": "c", "section": "4", "paper": "p", "study": "s", "reference": "r", **claim})
+    return {"claim_obj": c, "family": True, "test": claim_tests(c, values, 0.05), "verdict": None, "detail": ""}
+
+
+def test_verdict_rules():
+    worse = {"expect": "worse", "run": "a"}
+    none = {"expect": "no_effect", "run": "a"}
+    rows = [_row(worse, [0.30, 0.31, 0.29, 0.30, 0.32, 0.30]),        # clearly worse: holds
+            _row(worse, [-0.30, -0.31, -0.29, -0.30, -0.32, -0.30]),  # clearly the other way: fails
+            _row(worse, [0.001, -0.002, 0.0, 0.002, -0.001, 0.0]),    # equivalent to 0: fails
+            _row(none, [0.001, -0.002, 0.0, 0.002, -0.001, 0.0]),     # no effect shown: holds
+            _row(none, [0.30, 0.31, 0.29, 0.30, 0.32, 0.30]),         # a difference beyond the margin: fails
+            _row(worse, [0.2, -0.1, 0.3]),                            # undecided, leaning worse
+            _row(none, [0.04, -0.05, 0.09]),                          # undecided
+            {"family": True, "test": None, "verdict": "not run", "detail": ""}]  # counts in m with p = 1
+    m = decide(rows, 0.05, 0.8)
+    assert m == 8
+    assert [r["verdict"] for r in rows[:7]] == [HOLDS, FAILS, FAILS, HOLDS, FAILS, UNDECIDED, UNDECIDED]
+    und = rows[5]["test"]
+    assert und["lean"] == "worse" and und["mde"] > 0.3 and und["seeds_to_decide"] >= 4
+    assert "the paper's direction" in rows[5]["detail"] and "MDE" in rows[5]["detail"]
+    assert "provable margin" in rows[6]["detail"]
+    # Holm over the family: the first rows' adjusted p are m x their p at most
+    assert rows[0]["test"]["p_holds_holm"] <= 8 * rows[0]["test"]["p_holds"] + 1e-15
+
+
+def test_trend_and_interaction_designs():
+    t = Claim.model_validate({"id": "t", "section": "4", "paper": "p", "study": "s", "expect": "trend",
+                              "direction": "falls", "reference": "full", "x": {"w8": 8, "w64": 64, "full": 256}})
+    assert t.sign == -1 and t.runs == ["w8", "w64", "full"]
+    with pytest.raises(Exception, match="reference is one of the trend's runs"):
+        Claim.model_validate({"id": "t", "section": "4", "paper": "p", "study": "s", "expect": "trend",
+                              "direction": "falls", "reference": "full", "x": {"w8": 8, "w16": 16, "w64": 64}})
+    with pytest.raises(Exception, match="control_run"):
+        Claim.model_validate({"id": "i", "section": "1", "paper": "p", "study": "s", "expect": "interaction",
+                              "direction": "larger", "run": "a", "reference": "b"})
+
+
+def test_committed_outputs_are_what_the_scorecard_writes(card):
+    """results/SCORECARD.md, scorecard.json, README.md's Results section and every study README's block."""
+    stale = [str(p.relative_to(ROOT)) for p, text in generated_files(card, ROOT).items()
+             if not p.is_file() or p.read_text(encoding="utf-8") != text]
+    assert not stale, f"out of date, run `basecap scorecard --write-readme`: {stale}"
+
+
+TRIPLE = re.compile(r"([+-]?\d+\.\d+) \[([+-]?\d+\.\d+), ([+-]?\d+\.\d+)\]")
+HOLM = re.compile(r"Holm (\d\.\d+|1)((?:\s*[,/]\s*(?:\d\.\d+|1))*)")
+
+
+def _close(text: str, value: float) -> bool:
+    d = len(text.split(".")[1]) if "." in text else 0
+    return abs(float(text) - value) <= 0.5 * 10 ** -d + 1e-12 or float(f"{value:.2g}") == float(text)
+
+
+def _hand_written(readme: Path) -> list[str]:
+    """A README's paragraphs outside the generated block, leaving out those marked exploratory (a comparison
+    outside every summary.json, whose command the paragraph gives)."""
+    text = re.sub(re.escape(STUDY_MARKERS[0]) + ".*?" + re.escape(STUDY_MARKERS[1]), "", readme.read_text(), flags=re.S)
+    return [p for p in re.split(r"\n(?=- |\|)", text) if "<!-- exploratory -->" not in p]
+
+
+@pytest.mark.parametrize("readme", sorted(glob.glob(str(ROOT / "results/*/README.md"))), ids=lambda p: Path(p).parent.name)
+def test_numbers_quoted_in_study_readmes_match_summary_json(readme):
+    summaries = [json.loads(Path(f).read_text()) for f in glob.glob(str(ROOT / "results/*/summary.json"))]
+    triples = [(c.get("mean_gap", c.get("mean_diff")), *c["ci95"]) for s in summaries
+               for c in s["comparisons"] + s["in_domain_comparisons"] if c["ci95"]]
+    own = json.loads((Path(readme).parent / "summary.json").read_text())
+    holm = [c["p_holm"] for c in own["comparisons"] + own["in_domain_comparisons"] if c["p_holm"] is not None]
+    bad = []
+    for para in _hand_written(Path(readme)):
+        for m in TRIPLE.finditer(para):
+            if not any(all(_close(v, x) for v, x in zip(m.groups(), t)) for t in triples):
+                bad.append(m.group(0))
+        for m in HOLM.finditer(para):
+            for v in [m.group(1), *re.findall(r"\d\.\d+|1", m.group(2))]:
+                if not any(_close(v, x) for x in holm):
+                    bad.append(m.group(0))
+    assert not bad, f"{readme}: quoted numbers not in summary.json: {bad}"
