@@ -17,7 +17,8 @@ the lowest chunk index.
 
 ``impl="ref"``: dense T x T oracle (``ops/top1/naive.py``). ``"chunked"``: selection blockwise (Exact)
 or on chunk means (Approx), attention in tiles of ``chunk_size`` queries grouped by selected chunk
-(``ops/top1/``). ``"fast"``: the CUDA path (``basecap.kernels.top1_cuda``). Decoding keeps the KV
+(``ops/top1/``). ``"fast"``: the CUDA path (``basecap.kernels.top1_cuda``: the same selection, the
+in-chunk attention on a Triton tile kernel, or gather + SDPA without Triton). Decoding keeps the KV
 cache plus (Approx) running per-chunk key sums. Equations and costs: docs/top1.md.
 """
 
@@ -52,22 +53,25 @@ class Top1Chunk(SelectionMixer):
         {"chunk_len": 6, "selection": "approx", "position": "none", "temperature": 0.5},
     )]
 
-    def _settings(self, impl: str) -> ChunkSettings:
-        cfg, kernel = self.cfg, None
+    def _settings(self, impl: str, device: torch.device) -> ChunkSettings:
+        cfg = self.cfg
+        tiles = {"tile_rows": cfg.chunk_size}
         if impl == "fast":
-            from ..kernels.top1_cuda import sdpa_tile_attention as kernel
-        return ChunkSettings(self.scale, cfg.chunk_len, cfg.own_chunk, tile_rows=cfg.chunk_size,
-                             select_rows=self._block_rows(impl, 4 * cfg.chunk_size), tile_kernel=kernel)
+            from ..kernels.top1_cuda import tile_settings
+
+            tiles = tile_settings(cfg.chunk_size, device)
+        return ChunkSettings(self.scale, cfg.chunk_len, cfg.own_chunk,
+                             select_rows=self._block_rows(impl, 4 * cfg.chunk_size), **tiles)
 
     def _mix(self, q, k, v, q_pos, impl, state, new_state):
         cfg = self.cfg
         if impl == "ref":
             return chunk_ref(q, k, v, q_pos, self.scale, cfg.chunk_len, selection=cfg.selection,
                              own_chunk=cfg.own_chunk, selector_grad=cfg.selector_grad)
-        s = self._settings(impl)
+        s = self._settings(impl, q.device)
         own, approx = cfg.own_chunk, cfg.selection == "approx"
         gate = cfg.selector_grad == "straight_through" and torch.is_grad_enabled()
-        if approx and gate and own == "candidate" and s.tile_kernel is None and state is None:
+        if approx and gate and own == "candidate" and impl == "chunked" and state is None:
             return approx_attention(q, k, v, q_pos, s)  # the training hot path, fused
         if approx:
             offset = int(q_pos[0])

@@ -32,6 +32,9 @@ class ChunkSettings:
     tile_rows: int = 32  # Q: query slots per tile of the in-chunk attention
     select_rows: int = 128  # query rows per block of the Exact selection and of its logsumexp backward
     tile_kernel: TileKernel | None = None  # None: the tile-batched autograd Function; else run per tile under autograd
+    # the tile-batched autograd Function's replacement with the same contract (``tile._TileAttention.apply``),
+    # e.g. the Triton kernels of the CUDA path; None: the CPU Function. Tiles then keep ``tile_rows`` slots
+    tile_fn: Callable | None = None
 
     @property
     def select_chunks(self) -> int:

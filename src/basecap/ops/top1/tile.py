@@ -246,16 +246,19 @@ def attend_selected(q: Tensor, k: Tensor, v: Tensor, sel: Tensor, q_pos: Tensor,
     """Causal softmax attention of each query inside one chunk, ``sel [B, H, Tq]`` (-1 = none: output 0,
     lse -inf), in tiles of ``cfg.tile_rows`` queries.
 
-    ``cfg.tile_kernel=None``: the hand-written tile-batched autograd Function (CPU path). Otherwise every
+    ``cfg.tile_kernel=None``: the hand-written tile-batched autograd Function (CPU path), or ``cfg.tile_fn``
+    in its place (the Triton kernels of the CUDA path, same contract). Otherwise every
     tile is gathered at once and the kernel (e.g. ``tile_attention``, or SDPA on CUDA) runs under
     autograd. ``gate [B, H, Tq]``: a straight-through factor (value 1) applied to the output."""
     B, H, Tq, D = q.shape
-    Q = max(1, min(cfg.tile_rows, Tq))  # a tile never needs more slots than there are queries
+    # a tile never needs more slots than there are queries (a kernel's tile_fn keeps its own size)
+    Q = cfg.tile_rows if cfg.tile_fn is not None else max(1, min(cfg.tile_rows, Tq))
     layout = tile_layout(sel, k.shape[2], cfg.chunk_len, Q)
     if cfg.tile_kernel is None:
         g = None if gate is None else gate.reshape(-1)
         queries = query_rows(q, q_pos)
-        o, lse = _TileAttention.apply(queries.x, k, v, g, q_pos, layout, cfg.scale, queries.index)
+        fn = _TileAttention.apply if cfg.tile_fn is None else cfg.tile_fn
+        o, lse = fn(queries.x, k, v, g, q_pos, layout, cfg.scale, queries.index)
         return rows_as_bhtd(o, queries.index, B, H, Tq), lse.view(B, H, Tq)
     q_flat = q.reshape(B * H * Tq, D)
     n = layout.tile_group.numel() * Q
