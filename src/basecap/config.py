@@ -31,6 +31,8 @@ from .config_sections import (MAX_BATCH, MAX_D_MODEL, MAX_LAYERS, MAX_SEQ_LEN, M
 class RunConfig(Strict):
     name: str
     seed: int = 0
+    seed_offset: int = Field(0, ge=0, description="added to the seed for initialisation and data order (the run keeps its seed "
+                             "for pairing): a twin of another run under other random draws, the null check of a comparison")
     data: DataConfig = Field(default_factory=DataConfig)
     model: ModelConfig = Field(default_factory=ModelConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
@@ -54,6 +56,11 @@ class RunConfig(Strict):
             if value > most:
                 raise ValueError(f"model.{key}={value} is over {most} (a typo?)")
         return self
+
+    @property
+    def train_seed(self) -> int:
+        """The seed of initialisation and data order."""
+        return self.seed + self.seed_offset
 
     @property
     def run_id(self) -> str:
@@ -242,10 +249,11 @@ class ExperimentConfig(Strict):
         base = deep_merge(base, {k: v for k, v in size.items() if k not in ("runs", "sweep")})
         out = []
         for i, spec in enumerate(self.runs or [{"name": self.name}]):
-            extra = set(spec) - {"name", *_SECTIONS}
+            extra = set(spec) - {"name", "seed_offset", *_SECTIONS}
             if extra:
-                raise ConfigError(f"runs[{i}] ({spec['name']}): unknown key(s) {sorted(extra)}; allowed: name, {', '.join(_SECTIONS)}")
-            merged = deep_merge(base, {k: v for k, v in spec.items() if k in _SECTIONS})
+                raise ConfigError(f"runs[{i}] ({spec['name']}): unknown key(s) {sorted(extra)}; allowed: name, seed_offset, "
+                                  f"{', '.join(_SECTIONS)}")
+            merged = deep_merge(base, {k: v for k, v in spec.items() if k in (*_SECTIONS, "seed_offset")})
             merged = deep_merge(merged, size.get("runs", {}).get(spec["name"], {}))
             for key, value in self.overrides.items():  # --set: last, over the size table; a table given is replaced
                 merged = set_key(merged, key, value, what=f"--set {key}")

@@ -195,7 +195,7 @@ def _setup(cfg: RunConfig, rd: RunDir, env: DistEnv, device, amp_dtype, corpus, 
     corpus = corpus or build_corpus(load_recipe(cfg.data.recipe), log=log)
     # the batch of a step does not depend on grad_accum (a memory knob): micro-batches are slices of it
     batches = TrainBatches(corpus, weights=cfg.data.train_weights, seq_len=cfg.data.seq_len, batch_size=cfg.train.batch_size // env.world_size,
-                           seed=cfg.seed, rank=env.rank, world_size=env.world_size)
+                           seed=cfg.train_seed, rank=env.rank, world_size=env.world_size)
     evaluator = DomainEvaluator(corpus, cfg.data.eval_domains or corpus.domains, cfg.eval.split, cfg.data.seq_len,
                                 cfg.eval.batch_size, cfg.eval.max_tokens, train_weights=cfg.data.train_weights,
                                 seen_min_count=cfg.eval.seen_min_count)
@@ -204,7 +204,7 @@ def _setup(cfg: RunConfig, rd: RunDir, env: DistEnv, device, amp_dtype, corpus, 
     autocast = partial(torch.autocast, device_type=device.type, dtype=amp_dtype) if amp_dtype else None
     peak = _peak(cfg, device, amp_dtype)
 
-    torch.manual_seed(cfg.seed)
+    torch.manual_seed(cfg.train_seed)
     core = compile_for_training(build_model(cfg.model, corpus.vocab_size).to(device), cfg, log)
     info = _run_info(cfg, core, corpus, env, device) | {"peak_flops": peak}
     model = wrap(core, cfg.train.parallel, env, device)

@@ -17,6 +17,7 @@ class Run:
     info: dict
     train: list[dict] = field(default_factory=list)
     evals: list[dict] = field(default_factory=list)
+    annealed: list[dict] = field(default_factory=list)  # cooldown branches' points (kind "anneal"), by fork step
 
     @property
     def in_domains(self) -> list[str]:
@@ -38,5 +39,6 @@ def load_run(run_dir: str | Path) -> Run:
     cfg = info["config"]
     run = Run(rd.path, info["run_id"], cfg["name"], cfg["seed"], info)
     for rec in rd.read_metrics():
-        (run.evals if rec.get("kind") == "eval" else run.train).append(rec)
+        kind = rec.get("kind")
+        (run.evals if kind == "eval" else run.annealed if kind == "anneal" else run.train).append(rec)
     return run
