@@ -84,3 +84,91 @@ if n["tests"] == 0 or n["failures"] or n["errors"]:
 EOF
   return "$rc"
 }
+
+# gpu_summary OUT_DIR LENGTH...
+#   Writes OUT_DIR/summary.md, one table of what scripts/gpu_check.sh measured: the GPU tests per file (from
+#   gpu_tests.xml), the selection benchmark (selection/selection.json: Top-1 Chunk Approx against SDPA at each
+#   LENGTH, layer and mixing op, forward+backward, peak memory; the model step and decode), the 110m training
+#   throughput (throughput/throughput.json). Returns 1 when a benchmark row is missing (a refused variant, an
+#   out-of-memory, a crash), after writing what there is.
+gpu_summary() {
+  local out="$1"; shift
+  "$PY" - "$out" "$@" <<'EOF_PY'
+import json, sys
+import xml.etree.ElementTree as ET
+from collections import defaultdict
+from pathlib import Path
+
+out, lengths = Path(sys.argv[1]), [int(x) for x in sys.argv[2:]]
+lines, missing = [], []
+
+def load(p):
+    try:
+        return json.loads((out / p).read_text())
+    except (OSError, ValueError):
+        missing.append(p)
+        return None
+
+lines += ["# GPU check", ""]
+dev = out / "device.txt"
+if dev.exists():
+    lines += ["```", dev.read_text().strip(), "```", ""]
+lines += ["## GPU tests", "", "| file | run | failed | errors | skipped |", "|---|---|---|---|---|"]
+try:
+    per = defaultdict(lambda: [0, 0, 0, 0])
+    for case in ET.parse(out / "gpu_tests.xml").getroot().iter("testcase"):
+        row = per[case.get("classname", "?")]
+        row[0] += 1
+        for i, tag in ((1, "failure"), (2, "error"), (3, "skipped")):
+            row[i] += case.find(tag) is not None
+    lines += [f"| {f} | {a} | {b} | {c} | {d} |" for f, (a, b, c, d) in sorted(per.items())]
+except (OSError, ET.ParseError):
+    missing.append("gpu_tests.xml")
+
+sel = load("selection/selection.json")
+if sel:
+    lines += ["", "## Selection: Top-1 Chunk Approx (Triton tile kernel) vs SDPA, forward + backward", "",
+              "| T | layer SDPA s | layer Top-1 s | layer speed-up | op SDPA s | op Top-1 s | op speed-up | peak SDPA GiB | peak Top-1 GiB |",
+              "|---|---|---|---|---|---|---|---|---|"]
+    rows = {(r["variant"], r["T"], part): r for part in ("layer", "core") for r in sel.get(part, [])}
+    for T in lengths:
+        cells = []
+        for part in ("layer", "core"):
+            a, b = rows.get(("sdpa", T, part)), rows.get(("top1_chunk_approx", T, part))
+            for v, r in (("sdpa", a), ("top1_chunk_approx", b)):
+                if r is None:
+                    missing.append(f"selection {part} {v} T={T}")
+            cells += [f"{a['wall_s']:.4f}" if a else "-", f"{b['wall_s']:.4f}" if b else "-",
+                      f"{a['wall_s'] / b['wall_s']:.2f}x" if a and b else "-"]
+        a, b = rows.get(("sdpa", T, "layer")), rows.get(("top1_chunk_approx", T, "layer"))
+        gib = lambda r: f"{r['peak_bytes'] / 2**30:.2f}" if r and "peak_bytes" in r else "-"
+        lines.append(f"| {T} | " + " | ".join(cells) + f" | {gib(a)} | {gib(b)} |")
+    lines.append("")
+    for r in sel.get("model", []):
+        lines.append(f"model training step T={r['T']} {r['variant']}: {r['wall_s']:.3f} s")
+    for r in sel.get("decode", []):
+        lines.append(f"decode ctx={r['ctx']} {r['variant']}: {r['ms_per_token']:.2f} ms/token")
+    for k, t in (sel.get("targets") or {}).items():
+        lines.append(f"target {k}: {t['value']:.2f} (want {t['target']}) {'MET' if t['met'] else 'MISSED'}")
+    lines.append("\n(the paper: Top-1 Chunk 4.5x Transformer++'s pre-training speed at 100k tokens)")
+
+thr = load("throughput/throughput.json")
+if thr:
+    lines += ["", f"## Training throughput, {thr['meta'].get('preset')} preset, {thr['meta'].get('dtype')}", "",
+              "| mixer | T | tokens/s | vs Transformer++ | peak GiB |", "|---|---|---|---|---|"]
+    base = {r["T"]: r.get("tokens_per_s") for r in thr["rows"] if r["mixer"] == "attention"}
+    for r in thr["rows"]:
+        if r.get("oom") or "tokens_per_s" not in r:
+            missing.append(f"throughput {r['mixer']} T={r['T']} (OOM)")
+            lines.append(f"| {r['mixer']} | {r['T']} | OOM | - | - |")
+            continue
+        ratio = f"{r['tokens_per_s'] / base[r['T']]:.2f}x" if base.get(r["T"]) else "-"
+        lines.append(f"| {r['mixer']} | {r['T']} | {r['tokens_per_s']:.0f} | {ratio} | {r.get('peak_mem_gib', float('nan')):.2f} |")
+
+if missing:
+    lines += ["", "**Missing: " + "; ".join(missing) + "**"]
+(out / "summary.md").write_text("\n".join(lines) + "\n")
+print("\n".join(lines))
+sys.exit(1 if missing else 0)
+EOF_PY
+}

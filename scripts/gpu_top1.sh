@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Top-1 selection mixers on a CUDA machine: the GPU correctness tests (fast CUDA path against the dense
+# Top-1 selection mixers on a CUDA machine: the GPU correctness tests (fast CUDA path and its Triton tile kernel against the dense
 # reference), then the selection benchmark up to 64k. About 5-8 minutes on one recent GPU.
 #
 #   scripts/gpu_top1.sh [OUT_DIR]            default OUT_DIR: bench_results/selection_gpu
@@ -15,7 +15,7 @@ gpu_setup "$OUT" pydantic pytest matplotlib numpy
 
 status=0
 echo "== GPU correctness tests (fast CUDA path vs dense reference) =="
-gpu_pytest 240 "$OUT/gpu_tests.xml" tests/test_top1.py 2>&1 | tee "$OUT/gpu_tests.log" || status=$?
+gpu_pytest 300 "$OUT/gpu_tests.xml" tests/test_top1.py tests/test_top1_kernel_gpu.py 2>&1 | tee "$OUT/gpu_tests.log" || status=$?
 if [ "$status" -ne 0 ]; then
   echo "gpu_top1: GPU tests failed (exit $status); the benchmark still runs and skips any variant whose check fails" >&2
 fi
