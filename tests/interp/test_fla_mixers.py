@@ -21,16 +21,17 @@ from basecap.kernels import fla as fk
 from test_fla_emulation import KERNEL_OF, MUTATIONS, _check, _pair, _wrong, state_errors, training_errors
 
 # (output, gradient) relative-error bounds against chunked: fp32 kernels differ by summation order only
-# (measured <= 3e-6); fp16 by the rounding of q/k/v/beta (measured <= 1.1e-3). A mapping error gives 1e-1.
-TOL = {"fp32": (1e-5, 2e-5), "fp16": (4e-3, 8e-3), "rwkv7": (1e-4, 4e-4)}
-# RWKV-7 in fp32: the DPLR kernels' chunk-wise triangular solves (measured <= 1.2e-4 on gradients)
-PRECISION = {"deltanet": "fp16", "rwkv7": "rwkv7"}
+# (measured <= 1.1e-6); fp16 by the rounding of q/k/v/beta (measured <= 1.3e-3). A mapping error gives 1e-2
+# to 1.
+TOL = {"fp32": (1e-5, 2e-5), "fp16": (4e-3, 8e-3)}
+# RWKV-7 in fp32: the DPLR kernels' chunk-wise triangular solves (measured <= 3.5e-5 / 1.2e-4)
+TOL_MIXER = {"rwkv7": (1e-4, 4e-4)}
+PRECISION = {"deltanet": "fp16"}
 MIXERS = sorted(KERNEL_OF)
 # the module of fla.ops whose Triton kernels must launch for each mixer (fla's kernels for one op live in
 # that op's package and in the shared fla.ops.common / fla.ops.utils)
 KERNEL_PACKAGES = {"mamba2": ("simple_gla", "common"), "deltanet": ("delta_rule",), "gated_deltanet": ("gated_delta_rule",),
                    "rwkv6": ("rwkv6", "gla"), "rwkv7": ("rwkv7", "generalized_delta_rule"), "based": ("based",)}
-TIMES: dict[str, float] = {}
 
 
 def _set_precision(monkeypatch, name: str) -> tuple[float, float]:
@@ -38,7 +39,7 @@ def _set_precision(monkeypatch, name: str) -> tuple[float, float]:
     dtype = torch.float16 if precision == "fp16" else None  # else: fp32 (the adapters keep it)
     compute_dtype = fk.compute_dtype
     monkeypatch.setattr(fk, "compute_dtype", lambda x, fp32_ok=True: dtype or compute_dtype(x))
-    return TOL[precision]
+    return TOL_MIXER.get(name, TOL[precision])
 
 
 def _fla_launches(counts) -> dict[str, int]:
@@ -47,6 +48,7 @@ def _fla_launches(counts) -> dict[str, int]:
 
 def _assert_kernels_ran(name: str, counts) -> None:
     ran = _fla_launches(counts)
+    print(f"  {name} launched: " + ", ".join(f"{k.removeprefix('fla.ops.')} x{n}" for k, n in sorted(ran.items())))
     assert ran, f"{name}: no fla Triton kernel launched (a fallback ran instead)"
     assert any(k.split(".")[2] in KERNEL_PACKAGES[name] for k in ran), f"{name}: launched {sorted(ran)}"
 
@@ -64,8 +66,7 @@ def test_fast_training_on_real_kernels(monkeypatch, launches, name):
     ref, fast = _pair(name, 0)
     t0 = time.perf_counter()
     errs = training_errors(ref, fast)
-    TIMES[f"{name} training"] = time.perf_counter() - t0
-    print(f"{name} training ({PRECISION.get(name, 'fp32')}): " + ", ".join(f"{k} {e:.1e}" for k, e in errs.items()))
+    print(f"{name} training ({PRECISION.get(name, 'fp32')}, {time.perf_counter() - t0:.1f} s): " + ", ".join(f"{k} {e:.1e}" for k, e in errs.items()))
     _check(errs, *tol, f"{name} training")
     if name == "based" and fast.cfg.branches == "window":
         return
@@ -78,8 +79,7 @@ def test_fast_state_path_on_real_kernels(monkeypatch, launches, name):
     ref, fast = _pair(name, 0)
     t0 = time.perf_counter()
     errs = state_errors(ref, fast)
-    TIMES[f"{name} state"] = time.perf_counter() - t0
-    print(f"{name} state ({PRECISION.get(name, 'fp32')}): " + ", ".join(f"{k} {e:.1e}" for k, e in errs.items()))
+    print(f"{name} state ({PRECISION.get(name, 'fp32')}, {time.perf_counter() - t0:.1f} s): " + ", ".join(f"{k} {e:.1e}" for k, e in errs.items()))
     _check(errs, *tol, f"{name} prefill + decode")
     if name == "based":  # no state in parallel_based: the chunked form runs whenever a state is passed
         assert not _fla_launches(launches), launches
