@@ -84,9 +84,11 @@ def _reference_for(run: Run, runs: list[Run], refs: list[Run]) -> Run | None:
     return None
 
 
-def summarize(runs: list[Run], reference: str | None = None, smooth: int = SMOOTH) -> dict:
+def summarize(runs: list[Run], reference: str | None = None, smooth: int = SMOOTH, design: dict | None = None) -> dict:
     """Final losses with the unigram baseline and context gain of every run name (mean, sd over seeds),
-    and the statistics of every comparison against the reference (``report.stats``)."""
+    and the statistics of every comparison against the reference (``report.stats``). With a study's comparison
+    ``design`` (its ``[compare]`` table, ``report.design``) the comparisons are those of its primary measure,
+    with every other measure, the limited-vs-mixed interaction and the target strata beside them."""
     groups: dict[str, list[Run]] = defaultdict(list)
     for r in runs:
         groups[r.name].append(r)
@@ -97,8 +99,39 @@ def summarize(runs: list[Run], reference: str | None = None, smooth: int = SMOOT
     near = [n for n, row in final.items() if row.get("context_gain") and row["context_gain"][0] < NEAR_UNIGRAM_NATS]
     comps = _comparisons(runs, groups, reference, smooth) if reference else []
     in_comps = _in_domain_comparisons(runs, groups, reference) if reference else []
-    return {"reference": reference, "domains": domains, "smooth": smooth, "final": final, "comparisons": comps,
-            "in_domain_comparisons": in_comps, "near_unigram": near}
+    out = {"reference": reference, "domains": domains, "smooth": smooth, "final": final, "comparisons": comps,
+           "in_domain_comparisons": in_comps, "near_unigram": near}
+    if design and design.get("band") and reference:
+        out.update(_designed(runs, groups, reference, smooth, design, comps))
+    return out
+
+
+def _designed(runs: list[Run], groups: dict[str, list[Run]], reference: str, smooth: int, design: dict, legacy: list[dict]) -> dict:
+    """The comparisons of every measure of the design (``report.design``), its primary one first."""
+    from .design import interactions, measure_comparisons, measures, strata_shares
+
+    ms, primary = measures(design)
+    by_measure = {"legacy": legacy}
+    for m in ms:
+        if m.name != "legacy":
+            by_measure[m.name] = _families(measure_comparisons(_pairs(runs, groups, reference), m, design, ood_domains(runs), smooth), groups)
+    return {"comparisons": by_measure[primary], "design": {**design, "primary": primary}, "comparisons_by_measure": by_measure,
+            "interactions": interactions(by_measure, primary, runs), "strata_shares": strata_shares(runs)}
+
+
+def _pairs(runs: list[Run], groups: dict[str, list[Run]], reference: str) -> list[tuple[Run, Run]]:
+    return [(r, ref) for rs in groups.values() for r in rs
+            for ref in [_reference_for(r, runs, groups[reference])] if ref is not None and ref is not r]
+
+
+def _families(comps: list[dict], groups: dict[str, list[Run]]) -> list[dict]:
+    """Holm within two families: domains held out by the run, and domains the run trained on (the control)."""
+    for c in comps:
+        c["in_domain_here"] = c["domain"] in groups[c["run"]][0].in_domains
+        c["holm_family"] = "trained-on domains" if c["in_domain_here"] else "held-out domains"
+    for here in (False, True):
+        apply_holm([c for c in comps if c["in_domain_here"] is here])
+    return comps
 
 
 def _final_row(rs: list[Run], domains: list[str]) -> dict:
@@ -129,15 +162,8 @@ def _comparisons(runs: list[Run], groups: dict[str, list[Run]], reference: str, 
     """Every run against the reference run of its seed and training setting, per OOD domain. Holm corrects
     within two families: domains held out by the run (the study's questions) and domains the run trained on
     (the mixed-domain control), so a control does not dilute the held-out tests nor the reverse."""
-    pairs = [(r, ref) for rs in groups.values() for r in rs
-             for ref in [_reference_for(r, runs, groups[reference])] if ref is not None and ref is not r]
-    comps = build_comparisons([(_curves(r), _curves(ref)) for r, ref in pairs], ood_domains(runs), smooth=smooth)
-    for c in comps:
-        c["in_domain_here"] = c["domain"] in groups[c["run"]][0].in_domains
-        c["holm_family"] = "trained-on domains" if c["in_domain_here"] else "held-out domains"
-    for here in (False, True):
-        apply_holm([c for c in comps if c["in_domain_here"] is here])
-    return comps
+    pairs = _pairs(runs, groups, reference)
+    return _families(build_comparisons([(_curves(r), _curves(ref)) for r, ref in pairs], ood_domains(runs), smooth=smooth), groups)
 
 
 def _in_domain_comparisons(runs: list[Run], groups: dict[str, list[Run]], reference: str) -> list[dict]:
@@ -234,7 +260,18 @@ def _plots(runs: list[Run], out: Path, summary: dict) -> list[Path]:
         paths.append(out / "indomain_vs_ood.png")
         fig.savefig(paths[-1], dpi=110)
         plt.close(fig)
+    if summary.get("design"):
+        from .design_page import gap_level_plot
+
+        paths += gap_level_plot(runs, summary, out, colors, _pairs(runs, _by_name(runs), summary["reference"]))
     return paths
+
+
+def _by_name(runs: list[Run]) -> dict[str, list[Run]]:
+    groups: dict[str, list[Run]] = defaultdict(list)
+    for r in runs:
+        groups[r.name].append(r)
+    return groups
 
 
 def _markdown(summary: dict, runs: list[Run]) -> str:
@@ -248,8 +285,18 @@ def _markdown(summary: dict, runs: list[Run]) -> str:
     lines += _near_unigram_note(summary)
     lines += _final_table(summary, ind)
     lines += _in_domain_table(summary)
+    if summary.get("design"):
+        from .design_page import design_sections
+
+        lines += design_sections(summary)
     lines += _comparison_table(summary)
+    if summary.get("design"):
+        from .design_page import measure_sections
+
+        lines += measure_sections(summary)
     lines += ["", "## Figures", "", "![training curves](training_curves.png)", "", "![in-domain vs OOD](indomain_vs_ood.png)", ""]
+    if summary.get("design"):
+        lines += ["", "![OOD gap against the matched level](gap_vs_level.png)", ""]
     return "\n".join(lines)
 
 
@@ -316,8 +363,10 @@ def _comparison_table(summary: dict) -> list[str]:
         return []
     lines = ["", f"## OOD gap against `{summary['reference']}` at matched in-domain loss", "",
              "Positive = worse out of distribution than the reference at the same in-domain loss, paired by seed. "
-             f"Curves are smoothed over {summary['smooth']} evaluations. Primary gap = mean gap over the lowest 30% of the "
-             "common in-domain-loss range (the trained end), with its 95% confidence interval over seeds (Student t) and "
+             + (_design_sentence(summary) if summary.get("design") else
+                f"Curves are smoothed over {summary['smooth']} evaluations. Primary gap = mean gap over the lowest 30% of the "
+                "common in-domain-loss range (the trained end), ") +
+             "with its 95% confidence interval over seeds (Student t) and "
              "the paired t-test's p; p (Holm) corrects across the comparisons of this report (held-out domains and the "
              "domains a run trained on are two families). Verdicts come from the Holm-corrected test only (alpha 0.05); "
              "the interval in a verdict is the simultaneous one (Bonferroni, level 1 - 0.05/m for the m tests of its "
@@ -337,6 +386,12 @@ def _comparison_table(summary: dict) -> list[str]:
     return lines
 
 
+def _design_sentence(summary: dict) -> str:
+    d = summary["design"]
+    return (f"Primary gap (measure `{d['primary']}`, see the comparison design above) = mean gap over the study's in-domain band "
+            f"{d['band'][0]:g}-{d['band'][1]:g}, ")
+
+
 def _num(v: float | None, p: int = 3) -> str:
     return "-" if v is None else f"{v:.{p}f}"
 
@@ -350,10 +405,7 @@ def archive_runs(run_dirs: list[str | Path], out_dir: str | Path) -> Path:
         rd = RunDir(d)
         if rd.path.resolve().parent == dest.resolve():
             continue  # the report is being written again from its own archive
-        for f in rd.records():
-            target = dest / rd.name / f.relative_to(rd.path)
-            target.parent.mkdir(parents=True, exist_ok=True)
-            atomic_write(target, f.read_text(encoding="utf-8"))  # every record is JSON text
+        rd.copy_records(dest / rd.name)  # metrics.jsonl compressed (metrics.jsonl.zst)
     parents = {Path(d).resolve().parent for d in run_dirs}
     if len(parents) == 1 and (exp := parents.pop() / EXPERIMENT_FILE).is_file() and exp.parent != dest.resolve():
         atomic_write(dest / EXPERIMENT_FILE, exp.read_text())  # the study's name and size (report.summary.study_of)
@@ -371,7 +423,9 @@ def report(run_dirs: list[str | Path], out_dir: str | Path, reference: str | Non
         raise ValueError("report: no run directories given")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    summary = summarize(runs, reference, smooth=smooth)
+    from .design import design_of
+
+    summary = summarize(runs, reference, smooth=smooth, design=design_of([r.dir for r in runs]))
     from .suites import suite_sections
 
     images = _plots(runs, out, summary)

@@ -55,14 +55,18 @@ class MatchedGap:
 
 def matched_endpoints(run_in: Sequence[float], run_ood: Sequence[float], ref_in: Sequence[float],
                       ref_ood: Sequence[float], smooth: int = SMOOTH, trained_fraction: float = TRAINED_FRACTION,
-                      points: int = GRID_POINTS) -> MatchedGap:
+                      points: int = GRID_POINTS, band: tuple[float, float] | None = None) -> MatchedGap:
     """Gap (run OOD loss - reference OOD loss) at matched in-domain loss, from the two runs' evaluation
     curves (in-domain loss and OOD loss at each evaluation, in training order).
 
     Each curve is first smoothed by a moving average over ``smooth`` consecutive evaluations (both
     coordinates; when either curve has no more than ``smooth`` evaluations neither is smoothed and a note
     says so). The curves are then interpolated, on their points sorted by in-domain loss, on a grid over
-    the range both reached."""
+    the range both reached.
+
+    With ``band`` (a study's fixed in-domain band), the primary endpoint is the mean gap over the band instead of
+    the lowest ``trained_fraction`` of the common range; a pair whose common range does not hold the whole band
+    has no gap (no extrapolation)."""
     if smooth < 1:
         raise ValueError(f"smooth must be >= 1, got {smooth}")
     if not 0 < trained_fraction <= 1:
@@ -92,11 +96,18 @@ def matched_endpoints(run_in: Sequence[float], run_ood: Sequence[float], ref_in:
     def gap(grid):
         return interp(grid, xr, yr) - interp(grid, xf, yf)
 
-    top = lo + trained_fraction * (hi - lo)
+    if band is not None:
+        b_lo, b_hi = float(band[0]), float(band[1])
+        if not (lo <= b_lo < b_hi <= hi):
+            return MatchedGap(smoothing=smooth, notes=notes, matched_range=(float(lo), float(hi)), reason=(
+                f"the band {b_lo:.4g}-{b_hi:.4g} is not inside the common in-domain range {lo:.4g}-{hi:.4g}"))
+        bottom, top = b_lo, b_hi
+    else:
+        bottom, top = lo, lo + trained_fraction * (hi - lo)
     whole = gap(np.linspace(lo, hi, points))
-    trained = gap(np.linspace(lo, top, points))
+    trained = gap(np.linspace(bottom, top, points))
     return MatchedGap(primary=float(trained.mean()), mean_gap=float(whole.mean()), end_gap=float(whole[0]),
-                      matched_range=(float(lo), float(hi)), primary_range=(float(lo), float(top)),
+                      matched_range=(float(lo), float(hi)), primary_range=(float(bottom), float(top)),
                       smoothing=smooth, notes=notes)
 
 
@@ -234,7 +245,8 @@ def pair_by_seed(runs: Iterable[RunCurves], reference: str) -> list[tuple[RunCur
 
 
 def build_comparisons(pairs: Iterable[tuple[RunCurves, RunCurves]], domains: Sequence[str], smooth: int = SMOOTH,
-                      trained_fraction: float = TRAINED_FRACTION, alpha: float = ALPHA) -> list[dict]:
+                      trained_fraction: float = TRAINED_FRACTION, alpha: float = ALPHA,
+                      band: tuple[float, float] | None = None) -> list[dict]:
     """The ``comparisons`` list of summary.json: one entry per (run name, reference name, domain), the
     per-seed gaps paired by seed, the paired test on the primary endpoint, and the Holm correction across
     every comparison in the list (pass all comparisons of a report in one call)."""
@@ -249,7 +261,7 @@ def build_comparisons(pairs: Iterable[tuple[RunCurves, RunCurves]], domains: Seq
     for (name, ref_name, d), members in groups.items():
         seeds, primary, secondary, end, notes, eval_se = [], [], [], [], [], []
         for run, ref in sorted(members, key=lambda p: p[0].seed):
-            g = matched_endpoints(run.in_domain, run.domains[d], ref.in_domain, ref.domains[d], smooth, trained_fraction)
+            g = matched_endpoints(run.in_domain, run.domains[d], ref.in_domain, ref.domains[d], smooth, trained_fraction, band=band)
             notes += [f"seed {run.seed}: {n}" for n in g.notes]
             if not g.ok:
                 notes.append(f"seed {run.seed}: {g.reason}")

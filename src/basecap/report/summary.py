@@ -74,6 +74,7 @@ def build_summary(summary: dict, runs, study: str | None, size: str | None) -> d
         "smooth": summary["smooth"], "near_unigram": summary["near_unigram"],
         "runs": [_run_entry(n, row, summary["domains"]) for n, row in summary["final"].items() if row["in_domain_loss"]],
         "comparisons": summary["comparisons"], "in_domain_comparisons": summary.get("in_domain_comparisons", []),
+        **{k: summary[k] for k in ("design", "comparisons_by_measure", "interactions", "strata_shares") if k in summary},
     })
 
 

@@ -1,0 +1,199 @@
+"""The comparison design of a study (its ``[compare]`` table): what the primary OOD gap is, and the other
+measures beside it so a reader sees what each choice does (docs/metrics.md, "The comparison design").
+
+A *measure* is (curve points, OOD targets, level):
+- points: ``evals`` (every evaluation of the run, smoothed as before) or ``annealed`` (the cooldown branches'
+  points and the run's own end, which its schedule anneals; not smoothed: each is an endpoint);
+- targets: ``all`` or ``seen`` (the loss on targets seen at least ``eval.seen_min_count`` times in training);
+- level: ``band`` (the mean gap over the study's fixed in-domain band) or ``lowest30`` (the lowest 30% of each
+  pair's common range: the design before this one).
+The matching coordinate is the in-domain loss, or the token-weighted loss of ``match_domains`` (the mixed-domain
+control is matched on the limited setting's training domain). The primary measure is the design's own
+(``<points>_<targets>`` in the band); ``legacy`` is the old one (evaluations, every target, lowest 30%).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .runs import Run
+from .stats import ALPHA, SMOOTH, RunCurves, build_comparisons, holm, paired_test
+from .summary import EXPERIMENT_FILE
+
+GRID = 50
+
+
+@dataclass(frozen=True)
+class Measure:
+    name: str
+    points: str  # "evals" | "annealed"
+    targets: str  # "all" | "seen"
+    band: bool  # the study's band, else the lowest 30% of the common range
+
+
+def measures(design: dict) -> tuple[list[Measure], str]:
+    """Every measure a study with ``design`` reports, and the name of its primary one."""
+    out = [Measure("legacy", "evals", "all", False)]
+    if design.get("band"):
+        out += [Measure(f"{p}_{t}", p, t, True) for p in ("evals", "annealed") for t in ("all", "seen")]
+        return out, f"{design.get('points', 'annealed')}_{design.get('targets', 'seen')}"
+    return out, "legacy"
+
+
+def design_of(run_dirs: list[Path]) -> dict | None:
+    """The ``compare`` table of the experiment file beside the run directories (None: the old design)."""
+    parents = {Path(d).resolve().parent for d in run_dirs}
+    if len(parents) != 1:
+        return None
+    try:
+        exp = json.loads((parents.pop() / EXPERIMENT_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return exp.get("compare") or None
+
+
+def _x(rec: dict, match_domains: list[str] | None) -> float | None:
+    if not match_domains:
+        return rec["in_domain_loss"]
+    doms = rec["domains"]
+    if any(d not in doms for d in match_domains):
+        return None
+    n = sum(doms[d]["tokens"] for d in match_domains)
+    return sum(doms[d]["loss"] * doms[d]["tokens"] for d in match_domains) / n
+
+
+def _y(res: dict, targets: str) -> float | None:
+    if targets == "all":
+        return res["loss"]
+    return ((res.get("strata") or {}).get("seen") or {}).get("loss")
+
+
+def annealed_records(run: Run) -> list[dict]:
+    """The run's annealed points: every cooldown branch's point and the run's final evaluation (its schedule
+    ends at the floor rate), in order of tokens."""
+    end = [run.evals[-1]] if run.evals else []
+    return sorted(run.annealed, key=lambda r: r["end_step"]) + end
+
+
+def curves(run: Run, m: Measure, domains: list[str], match_domains: list[str] | None) -> RunCurves | None:
+    """The run's curve for measure ``m`` (None when its records lack what the measure needs)."""
+    recs = annealed_records(run) if m.points == "annealed" else run.evals
+    xs = [_x(r, match_domains) for r in recs]
+    ys = {d: [_y(r["domains"][d], m.targets) if d in r["domains"] else None for r in recs] for d in domains}
+    ys = {d: v for d, v in ys.items() if v and None not in v}
+    if not recs or None in xs or not ys:
+        return None
+    return RunCurves(run.name, run.seed, xs, ys)
+
+
+def points_in_band(xs, band) -> int:
+    return int(sum(band[0] <= x <= band[1] for x in xs))
+
+
+def measure_comparisons(pairs: list[tuple[Run, Run]], m: Measure, design: dict, domains: list[str],
+                        smooth: int = SMOOTH) -> list[dict]:
+    """``build_comparisons`` for one measure over (run, reference) pairs; entries note the points in the band."""
+    match = design.get("match_domains")
+    band = tuple(design["band"]) if m.band else None
+    cs = [(curves(r, m, domains, match), curves(f, m, domains, match)) for r, f in pairs]
+    ok = [(a, b) for a, b in cs if a is not None and b is not None]
+    comps = build_comparisons(ok, domains, smooth=1 if m.points == "annealed" else smooth, band=band)
+    if band is not None:
+        fewest: dict[str, int] = {}
+        for a, b in ok:
+            n = min(points_in_band(a.in_domain, band), points_in_band(b.in_domain, band))
+            fewest[a.name] = min(fewest.get(a.name, n), n)
+        for c in comps:
+            c["fewest_points_in_band"] = fewest.get(c["run"])
+    for c in comps:
+        c["measure"] = m.name
+    return comps
+
+
+def gap_curve(pairs: list[tuple[Run, Run]], m: Measure, design: dict, domain: str) -> tuple[np.ndarray, np.ndarray] | None:
+    """(in-domain level, mean gap over the seeds that reach it) on a grid over the levels any pair shares:
+    the gap against the matched level, for the report's figure."""
+    match = design.get("match_domains")
+    per_seed = []
+    for r, f in pairs:
+        a, b = curves(r, m, [domain], match), curves(f, m, [domain], match)
+        if a is None or b is None or domain not in a.domains or domain not in b.domains:
+            continue
+        xa, ya, xb, yb = (np.asarray(v, float) for v in (a.in_domain, a.domains[domain], b.in_domain, b.domains[domain]))
+        lo, hi = max(xa.min(), xb.min()), min(xa.max(), xb.max())
+        if lo < hi:
+            per_seed.append((lo, hi, xa, ya, xb, yb))
+    if not per_seed:
+        return None
+    lo, hi = min(p[0] for p in per_seed), max(p[1] for p in per_seed)
+    grid = np.linspace(lo, hi, GRID)
+    rows = []
+    for plo, phi, xa, ya, xb, yb in per_seed:
+        oa, ob = np.argsort(xa, kind="stable"), np.argsort(xb, kind="stable")
+        g = np.interp(grid, xa[oa], ya[oa]) - np.interp(grid, xb[ob], yb[ob])
+        g[(grid < plo) | (grid > phi)] = np.nan  # no extrapolation beyond a pair's common range
+        rows.append(g)
+    with np.errstate(all="ignore"):
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            mean = np.nanmean(np.vstack(rows), axis=0)
+    return grid, mean
+
+
+def interactions(by_measure: dict[str, list[dict]], primary: str, runs: list[Run], alpha: float = ALPHA) -> list[dict]:
+    """Limited-domain gap minus mixed-domain gap of the same architecture, paired by seed, per held-out domain of
+    the limited setting (the paper's claim: the limited setting separates what the mixed one hides). A run's
+    mixed-domain twin is the run of the other training setting with the same model config."""
+    comps = by_measure.get(primary, [])
+    setting = {r.name: tuple(sorted(r.in_domains)) for r in runs}
+    model = {r.name: json.dumps(r.info["config"]["model"], sort_keys=True) for r in runs}
+    settings = sorted(set(setting.values()), key=len)
+    if len(settings) < 2:
+        return []
+    limited = settings[0]
+    per: dict[tuple[str, str], dict] = {}
+    for c in comps:
+        per[(c["run"], c["domain"])] = c
+    out = []
+    for (name, dom), c in per.items():
+        if setting[name] != limited or dom in limited:
+            continue
+        twin = next((n for n in setting if setting[n] != limited and model[n] == model[name]), None)
+        m = per.get((twin, dom)) if twin else None
+        if m is None:
+            continue
+        lim = dict(zip(c["seeds"], c["per_seed"]))
+        mix = dict(zip(m["seeds"], m["per_seed"]))
+        seeds = sorted(set(lim) & set(mix))
+        diffs = [lim[s] - mix[s] for s in seeds]
+        t = paired_test(diffs)
+        out.append({"run": name, "mixed_run": twin, "domain": dom, "measure": primary, "seeds": seeds, "per_seed": diffs,
+                    "limited_gap": float(np.mean([lim[s] for s in seeds])) if seeds else None,
+                    "mixed_gap": float(np.mean([mix[s] for s in seeds])) if seeds else None,
+                    "mean": t.mean, "sd": t.sd, "ci95": list(t.ci95) if t.ci95 else None, "p": t.p, "n_seeds": t.n})
+    for c, ph in zip(out, holm([c["p"] for c in out])):
+        c["p_holm"] = ph
+        c["verdict"] = ("limited gap larger" if c["mean"] > 0 else "limited gap smaller") if ph is not None and ph < alpha \
+            else "no detectable interaction"
+    return out
+
+
+def strata_shares(runs: list[Run]) -> dict[str, dict[str, dict[str, float]]]:
+    """Training setting -> domain -> share of the evaluation targets in each stratum (from the final evaluation)."""
+    out: dict[str, dict[str, dict[str, float]]] = defaultdict(dict)
+    for r in runs:
+        if not r.evals:
+            continue
+        key = ", ".join(r.in_domains)
+        for d, res in r.evals[-1]["domains"].items():
+            st = res.get("strata")
+            if st and d not in out[key]:
+                out[key][d] = {k: v["tokens"] / res["tokens"] for k, v in st.items()}
+    return dict(out)

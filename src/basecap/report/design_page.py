@@ -1,0 +1,122 @@
+"""The report's sections for a study with a comparison design (``report.design``): the design in words, every
+measure side by side, the limited-vs-mixed interaction, the targets by training frequency, and the figure of
+the OOD gap against the matched in-domain level."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .design import gap_curve, measures
+
+MEASURE_WORDS = {
+    "legacy": "evaluations, every target, lowest 30% of each pair's range (the old design)",
+    "evals_all": "evaluations, every target, band",
+    "evals_seen": "evaluations, seen targets, band",
+    "annealed_all": "annealed points, every target, band",
+    "annealed_seen": "annealed points, seen targets, band",
+}
+
+
+def design_sections(summary: dict) -> list[str]:
+    d = summary["design"]
+    match = ", ".join(d["match_domains"]) if d.get("match_domains") else "each run's training domains (in-domain loss)"
+    return ["", "## Comparison design", "",
+            f"Fixed in the study file before any run trained (docs/metrics.md, \"The comparison design\"). Matching coordinate: "
+            f"the loss on {match}. Primary measure: `{d['primary']}` ({MEASURE_WORDS.get(d['primary'], d['primary'])}): the mean "
+            f"gap over the in-domain band {d['band'][0]:g}-{d['band'][1]:g}, the same for every comparison. Annealed points are the "
+            "cooldown branches' evaluations and each run's own end (its schedule ends at the floor rate); seen targets are the "
+            "held-out tokens whose id occurs at least `eval.seen_min_count` times in the training domains' train split, so the "
+            "gap is not about rows of the head that training could only push down. The other measures follow the primary table."]
+
+
+def _cell(c: dict | None) -> str:
+    if c is None or c.get("mean_gap") is None:
+        return "-"
+    ci = f" [{c['ci95'][0]:+.3f}, {c['ci95'][1]:+.3f}]" if c.get("ci95") else ""
+    star = "*" if c.get("p_holm") is not None and c["p_holm"] < 0.05 else ""
+    return f"{c['mean_gap']:+.3f}{ci}{star} ({c['n_seeds']})"
+
+
+def measure_sections(summary: dict) -> list[str]:
+    by = summary["comparisons_by_measure"]
+    names = [m.name for m in measures(summary["design"])[0] if m.name in by]
+    rows = list(dict.fromkeys((c["run"], c["domain"]) for c in by[summary["design"]["primary"]] + by["legacy"]))
+    idx = {n: {(c["run"], c["domain"]): c for c in by[n]} for n in names}
+    lines = ["", "## The gap under each measure", "",
+             "Mean gap (nats/token) [95% CI over seeds], * where its Holm-corrected test (within the measure) rejects, "
+             "(seeds matched). Reading across a row shows what each choice of the design does to one comparison.", "",
+             "| run | domain | " + " | ".join(f"{n}: {MEASURE_WORDS.get(n, n)}" for n in names) + " |", "|" + "---|" * (2 + len(names))]
+    for run, dom in rows:
+        lines.append(f"| {run} | {dom} | " + " | ".join(_cell(idx[n].get((run, dom))) for n in names) + " |")
+    band = [c for c in by[summary["design"]["primary"]] if c.get("fewest_points_in_band") is not None]
+    if band:
+        lines += ["", "Fewest points of a curve inside the band (primary measure, any seed): " +
+                  ", ".join(f"{c['run']} {c['fewest_points_in_band']}" for c in band if c["domain"] == band[0]["domain"]) + "."]
+    lines += _interaction_table(summary.get("interactions") or [])
+    lines += _strata_table(summary.get("strata_shares") or {})
+    return lines
+
+
+def _interaction_table(rows: list[dict]) -> list[str]:
+    if not rows:
+        return []
+    lines = ["", "## Limited against mixed: the interaction", "",
+             "Per seed, the run's gap in the limited setting minus its architecture's gap in the mixed setting (primary "
+             "measure; both matched on the same coordinate), paired by seed; Holm across the rows. Positive = the limited "
+             "setting shows a larger OOD gap than the mixed one.", "",
+             "| run | mixed twin | domain | seeds | limited gap | mixed gap | difference [95% CI] | p | p (Holm) | verdict |",
+             "|" + "---|" * 10]
+    for c in rows:
+        ci = f" [{c['ci95'][0]:+.3f}, {c['ci95'][1]:+.3f}]" if c.get("ci95") else ""
+        p, ph = ("-" if v is None else f"{v:.4f}" for v in (c["p"], c["p_holm"]))
+        lines.append(f"| {c['run']} | {c['mixed_run']} | {c['domain']} | {c['n_seeds']} | {_signed(c['limited_gap'])} | "
+                     f"{_signed(c['mixed_gap'])} | {_signed(c['mean'])}{ci} | {p} | {ph} | {c['verdict']} |")
+    return lines
+
+
+def _signed(v: float | None) -> str:
+    return "-" if v is None else f"{v:+.3f}"
+
+
+def _strata_table(shares: dict) -> list[str]:
+    if not shares:
+        return []
+    lines = ["", "## Targets by training frequency", "",
+             "Share of each domain's evaluation targets by how often the target id occurs in the training domains' train "
+             "split: seen (>= eval.seen_min_count), rare (fewer, at least once), unseen (never).", "",
+             "| training domains | domain | seen | rare | unseen |", "|---|---|---|---|---|"]
+    for setting, doms in shares.items():
+        for d, st in doms.items():
+            lines.append(f"| {setting} | {d} | {st.get('seen', 0):.3f} | {st.get('rare', 0):.3f} | {st.get('unseen', 0):.3f} |")
+    return lines
+
+
+def gap_level_plot(runs, summary: dict, out: Path, colors: dict, pairs) -> list[Path]:
+    """OOD gap of each run against the reference as a function of the matched in-domain level (primary measure, mean
+    over the seeds that reach each level), the band shaded."""
+    import matplotlib.pyplot as plt
+
+    design = summary["design"]
+    m = next(x for x in measures(design)[0] if x.name == design["primary"])
+    doms = list(dict.fromkeys(c["domain"] for c in summary["comparisons"] if not c.get("in_domain_here")))
+    if not doms:
+        return []
+    fig, axes = plt.subplots(1, len(doms), figsize=(4.6 * len(doms) + 1.6, 3.6), squeeze=False)
+    names = list(dict.fromkeys(r.name for r, _ in pairs))
+    for ax, d in zip(axes[0], doms):
+        for name in names:
+            curve = gap_curve([(r, f) for r, f in pairs if r.name == name], m, design, d)
+            if curve is not None:
+                ax.plot(curve[0], curve[1], lw=1.3, color=colors.get(name), label=name)
+        ax.axvspan(design["band"][0], design["band"][1], color="0.85", zorder=0)
+        ax.axhline(0, color="0.4", lw=0.8)
+        ax.invert_xaxis()
+        ax.set(xlabel="matched in-domain loss", ylabel=f"{d}: gap to {summary['reference']} (nats/token)", title=d)
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="center right", fontsize=7, frameon=False)
+    fig.suptitle(f"OOD gap against the matched level ({design['primary']}; band shaded; above 0 = worse OOD)", fontsize=10)
+    fig.tight_layout(rect=(0, 0, 1 - 1.6 / (4.6 * len(doms) + 1.6), 1))
+    path = out / "gap_vs_level.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return [path]

@@ -1,0 +1,127 @@
+"""The comparison design (report.design): one in-domain band per study, OOD loss on seen targets, annealed points,
+the mixed-domain control matched on the limited setting's training domain and tested as an interaction. Every case
+has a known answer built into synthetic run records."""
+
+import json
+
+import numpy as np
+import pytest
+
+from basecap.report import report
+from basecap.report.stats import matched_endpoints
+
+BAND = [3.4, 3.8]
+
+
+def test_band_gap_known_answer_and_level_dependence():
+    # the gap grows linearly as the in-domain loss falls: gap(x) = 0.5 * (5 - x); over the band 3.4-3.8 its mean is 0.7
+    x = np.linspace(5.0, 3.0, 21)
+    g = matched_endpoints(x, x + 0.5 * (5 - x), x, x, smooth=1, band=(3.4, 3.8))
+    assert g.primary == pytest.approx(0.7, abs=1e-9) and g.primary_range == (3.4, 3.8)
+    # the same pair read at the lowest 30% of its range (3.0-3.6) says 0.85: the level moves the answer
+    assert matched_endpoints(x, x + 0.5 * (5 - x), x, x, smooth=1).primary == pytest.approx(0.85, abs=1e-9)
+
+
+def test_a_band_outside_the_common_range_gives_no_gap():
+    x = np.linspace(5.0, 3.9, 12)
+    g = matched_endpoints(x, x, x, x, smooth=1, band=(3.4, 3.8))
+    assert not g.ok and "not inside the common in-domain range" in g.reason
+
+
+def write_run(root, name, seed, *, weights=None, gap=0.0, rare_gap=0.0, anneal_gap=None, pace=1.0, mixed_gap=None, model=None):
+    """A run whose in-domain (prose) loss falls from 5 to 3 over 11 evaluations (``pace`` stretches it); its code loss is
+    the in-domain loss + 1 + ``gap`` on seen targets and + ``rare_gap`` more on rare ones (a fifth of the targets), so the
+    all-target gap is gap + rare_gap / 5. Annealed points: at three forks, 0.2 lower in-domain, their code gap
+    ``anneal_gap`` (default: ``gap``). A mixed run (``weights``) trains on code too: its in-domain loss is the mean of
+    prose and code, and code sits ``mixed_gap`` above the reference's at the same prose loss."""
+    d = root / f"{name}-s{seed}"
+    d.mkdir(parents=True)
+    weights = weights or {"prose": 1.0}
+    (d / "run.json").write_text(json.dumps({"run_id": f"{name}-s{seed}", "params": {"total": 10, "non_embedding": 8},
+                                            "config": {"name": name, "seed": seed, "data": {"train_weights": weights},
+                                                       "model": model or {"mixer": {"name": name}}}}))
+    recs = []
+
+    def point(x, g):
+        seen = x + 1 + g
+        rare = seen + 2 + rare_gap
+        code = {"loss": 0.8 * seen + 0.2 * rare, "bpb": 1.0, "tokens": 100,
+                "strata": {"seen": {"loss": seen, "tokens": 80}, "rare": {"loss": rare, "tokens": 20}, "unseen": {"loss": None, "tokens": 0}}}
+        prose = {"loss": x, "bpb": 1.0, "tokens": 100, "strata": {"seen": {"loss": x, "tokens": 100}}}
+        doms = {"prose": prose, "code": code}
+        ind = x if "code" not in weights else (x + code["loss"]) / 2
+        return ind, doms
+
+    xs = 5.0 - (np.arange(1, 12) / 11) * 2.0 * pace
+    for i, x in enumerate(xs):
+        g = mixed_gap if mixed_gap is not None else gap
+        ind, doms = point(float(x), g)
+        recs.append({"kind": "train", "step": i + 1, "loss": ind})
+        recs.append({"kind": "eval", "step": 10 * (i + 1), "in_domain_loss": ind, "domains": doms})
+    for j, x in enumerate((4.3, 3.9, 3.5)):
+        ind, doms = point(x - 0.2, gap if anneal_gap is None else anneal_gap)
+        recs.append({"kind": "anneal", "step": 30 * (j + 1), "end_step": 36 * (j + 1), "in_domain_loss": ind, "domains": doms})
+    recs.sort(key=lambda r: r["step"])
+    (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    return d
+
+
+def study(root, design, runs):
+    out = root / "runs"
+    out.mkdir()
+    (out / "experiment.json").write_text(json.dumps({"name": "s", "size": None, "compare": design}))
+    return [write_run(out, *a, **k) for a, k in runs]
+
+
+def by(summary, measure, run, domain="code"):
+    return next(c for c in summary["comparisons_by_measure"][measure] if c["run"] == run and c["domain"] == domain)
+
+
+def test_seen_targets_and_annealed_points_take_out_what_the_design_is_built_to_remove(tmp_path):
+    design = {"band": BAND, "targets": "seen", "points": "annealed"}
+    runs = []
+    for s in (0, 1, 2):
+        runs.append((("ref", s), {}))
+        # a fast learner: worse only on rare targets (+1.0 there, +0.2 on all targets), and +0.3 more off its annealed
+        # points (as a run at a high rate, not annealed, would be); on seen targets at annealed points: 0.05 + seed noise
+        runs.append((("fast", s), {"gap": 0.3 + 0.01 * s, "rare_gap": 1.0, "anneal_gap": 0.05 + 0.01 * s, "pace": 1.3}))
+    dirs = study(tmp_path, design, runs)
+    report(dirs, tmp_path / "rep", reference="ref")
+    summary = json.loads((tmp_path / "rep" / "summary.json").read_text())
+    assert summary["design"]["primary"] == "annealed_seen"
+    assert by(summary, "annealed_seen", "fast")["mean_gap"] == pytest.approx(0.06, abs=1e-9)
+    assert by(summary, "annealed_all", "fast")["mean_gap"] == pytest.approx(0.06 + 0.2, abs=1e-9)
+    assert by(summary, "evals_seen", "fast")["mean_gap"] == pytest.approx(0.31, abs=1e-9)
+    assert by(summary, "evals_all", "fast")["mean_gap"] == pytest.approx(0.51, abs=1e-9)
+    assert summary["comparisons"] == summary["comparisons_by_measure"]["annealed_seen"]
+    assert summary["strata_shares"]["prose"]["code"] == {"seen": 0.8, "rare": 0.2, "unseen": 0.0}
+    md = (tmp_path / "rep" / "report.md").read_text()
+    assert "## Comparison design" in md and "## The gap under each measure" in md and (tmp_path / "rep" / "gap_vs_level.png").is_file()
+
+
+def test_mixed_control_matched_on_prose_and_the_interaction(tmp_path):
+    design = {"band": BAND, "targets": "all", "points": "evals", "match_domains": ["prose"]}
+    mixed = {"prose": 1.0, "code": 1.0}
+    runs = []
+    for s in (0, 1, 2):
+        runs += [(("ref", s), {"model": {"a": 1}}), (("arch", s), {"gap": 0.2 + 0.02 * s, "model": {"b": 1}}),
+                 (("ref_mixed", s), {"weights": mixed, "model": {"a": 1}, "mixed_gap": 0.0}),
+                 (("arch_mixed", s), {"weights": mixed, "model": {"b": 1}, "mixed_gap": -0.1 + 0.01 * s})]
+    dirs = study(tmp_path, design, runs)
+    report(dirs, tmp_path / "rep", reference="ref")
+    summary = json.loads((tmp_path / "rep" / "summary.json").read_text())
+    lim, mix = by(summary, "evals_all", "arch"), by(summary, "evals_all", "arch_mixed")
+    assert lim["mean_gap"] == pytest.approx(0.22 + 0.0, abs=1e-9)  # seen gap + rare_gap/5 (0)
+    assert mix["mean_gap"] == pytest.approx(-0.09, abs=1e-9)  # matched on prose, the mixed gap is what was built in
+    (inter,) = summary["interactions"]
+    assert (inter["run"], inter["mixed_run"], inter["domain"]) == ("arch", "arch_mixed", "code")
+    assert inter["per_seed"] == pytest.approx([0.3, 0.31, 0.32])
+    assert inter["verdict"] == "limited gap larger"
+
+
+def test_studies_without_a_design_keep_their_summary(tmp_path):
+    runs = [(("ref", s), {}) for s in (0, 1)] + [(("other", s), {"gap": 0.1}) for s in (0, 1)]
+    dirs = study(tmp_path, None, runs)
+    report(dirs, tmp_path / "rep", reference="ref")
+    summary = json.loads((tmp_path / "rep" / "summary.json").read_text())
+    assert not {"design", "comparisons_by_measure", "interactions"} & set(summary)
