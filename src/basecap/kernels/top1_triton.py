@@ -148,13 +148,16 @@ class TritonTileAttention(torch.autograd.Function):
     """``ops.top1.tile._TileAttention``'s contract on the Triton kernels: ``q_rows [R, D]`` (item
     ``bh * Tq + t`` is row ``index[item]``, identity when None), ``k, v [B, H, Tk, D]`` (any strides
     but the last), ``gate`` an optional straight-through factor. Returns ``o`` (rows as q, 0 where
-    unselected) and ``lse [B*H*Tq]`` (fp32, -inf where unselected)."""
+    unselected) and ``lse [B*H*Tq]`` (-inf where unselected), both in the queries' dtype (k and v are
+    cast to it)."""
 
     @staticmethod
     def forward(ctx, q_rows, k, v, gate, q_pos, layout: TileLayout, scale, index):
         if layout.tile_rows != kernel_tile_rows(layout.tile_rows):
             raise ValueError(f"tile_rows {layout.tile_rows}: the kernel needs a power of two in [16, 128]")
-        k, v, q_rows = _kv(k), _kv(v), q_rows.contiguous()
+        ctx.kv_dtypes = k.dtype, v.dtype
+        dtype = q_rows.dtype  # tl.dot takes operands of one dtype
+        k, v, q_rows = _kv(k.to(dtype)), _kv(v.to(dtype)), q_rows.contiguous()
         B, H = k.shape[:2]
         row, item, pos = _slots(layout, q_pos, index)
         o = torch.zeros_like(q_rows)
@@ -165,7 +168,7 @@ class TritonTileAttention(torch.autograd.Function):
             _tile_fwd[(n_tiles,)](q_rows, k, v, o, lse, row, item, pos, layout.tile_group, *args, **meta)
         ctx.save_for_backward(q_rows, k, v, o, lse, row, item, pos, index)
         ctx.layout, ctx.scale, ctx.has_gate = layout, scale, gate is not None
-        return o, lse
+        return o, lse.to(dtype)  # in the queries' dtype, as the CPU Function's (the backward keeps fp32)
 
     @staticmethod
     def backward(ctx, do, dlse):
@@ -185,7 +188,8 @@ class TritonTileAttention(torch.autograd.Function):
             _tile_bwd[(n_tiles,)](q_rows, k, v, do, lse, delta.contiguous(), dq, dk, dv, row, item, pos,
                                   layout.tile_group, *args, **meta)
         dgate = dot.to(q_rows.dtype) if ctx.has_gate else None
-        return (dq, dk.view(B, H, Tk, D).to(k.dtype), dv.view(B, H, Tk, D).to(v.dtype), dgate,
+        dk_dtype, dv_dtype = ctx.kv_dtypes
+        return (dq, dk.view(B, H, Tk, D).to(dk_dtype), dv.view(B, H, Tk, D).to(dv_dtype), dgate,
                 None, None, None, None)
 
 
