@@ -264,7 +264,7 @@ def test_an_archived_report_is_written_again_from_the_results_folder_alone(tmp_p
     first_md, first = (out / "report.md").read_text(), json.loads((out / "summary.json").read_text())
     kept = sorted(str(p.relative_to(out / "runs")) for p in (out / "runs").rglob("*") if p.is_file())
     assert "ref-s0/eval.json" in kept and "ref-s0/eval_mqar.json" in kept and "experiment.json" in kept
-    assert "ssm-s2/metrics.jsonl" in kept and "ssm-s2/run.json" in kept and not any("checkpoints" in k for k in kept)
+    assert "ssm-s2/metrics.jsonl.zst" in kept and "ssm-s2/metrics.jsonl" not in kept and "ssm-s2/run.json" in kept and not any("checkpoints" in k for k in kept)
     shutil.rmtree(exp)
     report(sorted((out / "runs").glob("*-s*")), out, reference="ref", archive=True)
     assert json.loads((out / "summary.json").read_text()) == first

@@ -130,3 +130,52 @@ def test_the_commit_is_read_once_per_process(monkeypatch):
     assert (first["git_commit"], first["git_dirty"]) == (second["git_commit"], second["git_dirty"])
     assert len([c for c in calls if c[0] == "git"]) <= 2  # rev-parse and status, once
     rundir.git_state.cache_clear()
+
+
+def test_archived_metrics_are_compressed_and_read_like_plain_ones(tmp_path):
+    import zstandard
+
+    rd = RunDir(tmp_path / "r")
+    rd.create()
+    recs = [{"kind": "train", "step": i, "loss": 1.0 / (i + 1), "new_field": [i, "x"]} for i in range(1, 6)]
+    for r in recs:
+        rd.append_metrics(r)
+    plain = rd.metrics_path.read_bytes()
+    assert rd.compress_metrics() == rd.metrics_archive_path and not rd.metrics_path.exists()
+    assert zstandard.ZstdDecompressor().decompress(rd.metrics_archive_path.read_bytes()) == plain  # the same bytes
+    assert rd.read_metrics() == recs and rd.has_metrics()
+    assert rd.metrics_archive_path in rd.records() and rd.metrics_path not in rd.records()
+    # compressing is deterministic: the same records give the same archive bytes
+    other = RunDir(tmp_path / "o")
+    other.create()
+    other.metrics_path.write_bytes(plain)
+    other.compress_metrics()
+    assert other.metrics_archive_path.read_bytes() == rd.metrics_archive_path.read_bytes()
+
+
+def test_a_run_that_trains_again_expands_its_archived_records(tmp_path):
+    rd = RunDir(tmp_path / "r")
+    rd.create()
+    for i in range(1, 5):
+        rd.append_metrics({"kind": "train", "step": i})
+    rd.compress_metrics()
+    rd.truncate_metrics(2)  # resuming at step 2: plain jsonl again, which appends go to
+    assert rd.metrics_path.is_file() and not rd.metrics_archive_path.exists()
+    rd.append_metrics({"kind": "train", "step": 3})
+    assert [r["step"] for r in rd.read_metrics()] == [1, 2, 3]
+
+
+def test_copied_records_are_compressed_and_replace_the_other_form(tmp_path):
+    src = RunDir(tmp_path / "src")
+    src.create()
+    src.info_path.write_text(json.dumps({"run_id": "a"}))
+    src.append_metrics({"kind": "eval", "step": 1})
+    (src.path / "checkpoints").mkdir()
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    (dest / "metrics.jsonl").write_text('{"stale": true}\n')  # an older archive's plain records
+    written = src.copy_records(dest)
+    assert sorted(p.name for p in written) == ["metrics.jsonl.zst", "run.json"]
+    assert not (dest / "metrics.jsonl").exists() and RunDir(dest).read_metrics() == [{"kind": "eval", "step": 1}]
+    again = RunDir(dest).copy_records(tmp_path / "dest2")  # an archive copied again stays compressed
+    assert sorted(p.name for p in again) == ["metrics.jsonl.zst", "run.json"]

@@ -4,6 +4,8 @@ A run directory (``<out_dir>/<run_id>/``) holds::
 
     run.json               resolved config, parameter counts, provenance (written by training)
     metrics.jsonl          one JSON record per training step and per evaluation
+    metrics.jsonl.zst      the same records zstd-compressed, as archived under results/ (read alike; a run that
+                           trains again expands it to metrics.jsonl first)
     done.json              written last, once training finished: {"steps", "final"}
     eval.json              test-split loss and bits per byte (basecap eval)
     eval_<suite>.json      a suite's result; a named suite entry writes suite_<name>/eval_<suite>.json
@@ -105,6 +107,13 @@ class RunDir:
         return self.path / "metrics.jsonl"
 
     @property
+    def metrics_archive_path(self) -> Path:
+        return self.path / METRICS_ARCHIVE
+
+    def has_metrics(self) -> bool:
+        return self.metrics_path.is_file() or self.metrics_archive_path.is_file()
+
+    @property
     def done_path(self) -> Path:
         return self.path / "done.json"
 
@@ -135,7 +144,7 @@ class RunDir:
     def records(self) -> list[Path]:
         """The files a report reads (run.json, metrics.jsonl, done.json, eval.json, suite results): everything
         but checkpoints, locks and logger files. Small, so a study's results can keep them next to its report."""
-        fixed = [self.info_path, self.metrics_path, self.done_path, self.eval_path]
+        fixed = [self.info_path, self.metrics_path, self.metrics_archive_path, self.done_path, self.eval_path]
         return [f for f in fixed if f.is_file()] + self.suite_results()
 
     @staticmethod
@@ -204,30 +213,64 @@ class RunDir:
             fsync(self.metrics_path)
 
     def _metric_lines(self) -> list[tuple[str, dict]]:
-        """(line, record) for every record. An unparseable last line (an append cut short by a kill or a
-        full disk) is dropped with a warning; one anywhere else is an error naming its line."""
-        if not self.metrics_path.exists():
+        """(line, record) for every record, from metrics.jsonl, else from metrics.jsonl.zst. An unparseable
+        last line (an append cut short by a kill or a full disk) is dropped with a warning; one anywhere else
+        is an error naming its line."""
+        if self.metrics_path.exists():
+            path, text = self.metrics_path, self.metrics_path.read_text()
+        elif self.metrics_archive_path.exists():
+            path, text = self.metrics_archive_path, decompress_text(self.metrics_archive_path.read_bytes())
+        else:
             return []
-        lines = [(i, line) for i, line in enumerate(self.metrics_path.read_text().splitlines(), 1) if line.strip()]
+        lines = [(i, line) for i, line in enumerate(text.splitlines(), 1) if line.strip()]
         out = []
         for k, (i, line) in enumerate(lines):
             try:
                 out.append((line, json.loads(line)))
             except json.JSONDecodeError:
                 if k < len(lines) - 1:
-                    raise ValueError(f"{self.metrics_path}:{i}: not valid JSON (a record in the middle of the file is damaged)") from None
-                warnings.warn(f"{self.metrics_path}:{i}: dropping a torn last record (an append was cut short)")
+                    raise ValueError(f"{path}:{i}: not valid JSON (a record in the middle of the file is damaged)") from None
+                warnings.warn(f"{path}:{i}: dropping a torn last record (an append was cut short)")
         return out
 
     def read_metrics(self) -> list[dict]:
         return [rec for _, rec in self._metric_lines()]
 
     def truncate_metrics(self, step: int):
-        """Drop records after ``step`` (a resumed run rewrites them) and a torn last line."""
-        if not self.metrics_path.exists():
+        """Drop records after ``step`` (a resumed run rewrites them) and a torn last line. Archived records
+        (metrics.jsonl.zst) become plain metrics.jsonl again, which training appends to."""
+        if not self.has_metrics():
             return
         keep = [line for line, rec in self._metric_lines() if rec.get("step", 0) <= step]
         atomic_write(self.metrics_path, "".join(line + "\n" for line in keep))
+        self.metrics_archive_path.unlink(missing_ok=True)
+
+    def compress_metrics(self) -> Path | None:
+        """Replace metrics.jsonl by metrics.jsonl.zst (the same bytes, compressed); returns the archive's
+        path, or None when the run has no plain records. For records that are kept, not for a live run."""
+        if not self.metrics_path.is_file():
+            return self.metrics_archive_path if self.metrics_archive_path.is_file() else None
+        atomic_write(self.metrics_archive_path, compress_bytes(self.metrics_path.read_bytes()))
+        self.metrics_path.unlink()
+        return self.metrics_archive_path
+
+    def copy_records(self, dest: str | Path) -> list[Path]:
+        """Copy ``records()`` to the folder ``dest`` (``basecap report --archive``), metrics.jsonl
+        compressed as metrics.jsonl.zst (the other form of it removed there). Returns the files written."""
+        dest, written = Path(dest), []
+        for f in self.records():
+            target = dest / f.relative_to(self.path)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            data = f.read_bytes()
+            if f == self.metrics_path:
+                target, data = dest / METRICS_ARCHIVE, compress_bytes(data)
+            atomic_write(target, data)
+            written.append(target)
+        if any(t.name == METRICS_ARCHIVE for t in written):
+            (dest / self.metrics_path.name).unlink(missing_ok=True)
+        elif (dest / self.metrics_path.name) in written:
+            (dest / METRICS_ARCHIVE).unlink(missing_ok=True)
+        return written
 
     # ---- done.json, eval.json ---------------------------------------------------------------
     def read_done(self) -> dict | None:
@@ -238,6 +281,23 @@ class RunDir:
 
     def write_eval(self, result: dict):
         write_json(self.eval_path, result)
+
+
+METRICS_ARCHIVE = "metrics.jsonl.zst"
+ZSTD_LEVEL = 19  # the records are written once and read many times; the level changes only the writer's time
+
+
+def compress_bytes(data: bytes) -> bytes:
+    """zstd at ``ZSTD_LEVEL``, with the content size in the frame; the same input gives the same bytes."""
+    import zstandard
+
+    return zstandard.ZstdCompressor(level=ZSTD_LEVEL, write_content_size=True).compress(data)
+
+
+def decompress_text(data: bytes) -> str:
+    import zstandard
+
+    return zstandard.ZstdDecompressor().decompress(data).decode("utf-8")
 
 
 def _take_lock(path: Path) -> tuple[int | None, str | None]:

@@ -124,6 +124,7 @@ def fixed_vs_tuned(tuning: dict, runs_dir: Path, reference: str) -> list[dict]:
     (``report.stats.matched_endpoints``) against the reference trained at the same values, for each point of
     the grid, and at each run's own chosen values. Mean over the tuning seeds both have; None where a run
     is missing or the curves do not overlap. Rows: {"run", "domain", "fixed": {point: gap}, "tuned": gap}."""
+    from ..rundir import RunDir
     from .runs import load_run
     from .stats import matched_endpoints
 
@@ -134,7 +135,7 @@ def fixed_vs_tuned(tuning: dict, runs_dir: Path, reference: str) -> list[dict]:
 
     def curves(name: str, seed: str):
         d = runs_dir / f"{name}-s{seed}"
-        if not (d / "metrics.jsonl").is_file():
+        if not RunDir(d).has_metrics():  # plain or archived (metrics.jsonl.zst)
             return None
         r = load_run(d)
         return r if r.evals else None
