@@ -126,3 +126,12 @@ def test_every_evaluation_records_the_loss_per_stratum(tiny_corpus, tiny_recipe_
     assert final["domains"]["prose"]["strata"]["unseen"]["tokens"] == 0
     _, ev = losses(tmp_path / "r")
     assert all("strata" in e["domains"]["code"] for e in ev)
+
+
+def test_plan_counts_the_branches(tiny_recipe_path):
+    from basecap.plan import plan_run
+
+    cfg = run_cfg(tiny_recipe_path, steps=40, cooldowns=[10, 20, 30], cooldown_fraction=0.2)
+    row = plan_run(cfg, gpus=1, gpu="H100")
+    assert row["branch_steps"] == 2 + 4 + 6
+    assert row["total_tokens"] == (40 + 12) * 4 * 32

@@ -346,3 +346,29 @@ def test_data_verify_checks_every_shard_against_its_manifest(tiny_corpus, tiny_r
     err = capsys.readouterr().err
     assert "prose.train.bin: SHA-256" in err and "code.test.bin: 2 bytes, the manifest records" in err
     assert main(["data", "verify", str(tmp_path / "nope.toml")]) == 2
+
+
+def test_tokenizer_trained_on_the_training_domains_only(tiny, tmp_path):
+    """The held-out-vocabulary control: a BPE trained on prose alone leaves no code-only merge, so every code target is
+    spelled with ids that prose uses too."""
+    from basecap.config_base import ConfigError
+
+    _, data, _, corpus = tiny
+    raw = tiny_recipe(data)
+    raw["tokenizer"] = dict(raw.get("tokenizer", {}), train_domains=["prose"])
+    ctl = build_corpus(recipe_from_dict(raw), home=tmp_path / "home", log=_quiet)
+    assert ctl.manifest["tokenizer"]["train_domains"] == ["prose"] and set(ctl.manifest["tokenizer"]["trained_on_bytes"]) == {"prose"}
+
+    def pieces_not_in_prose(c):  # learned (multi-byte) vocabulary entries whose text never occurs in the prose train split
+        from tokenizers import Tokenizer
+
+        tok = Tokenizer.from_file(str(c.tokenizer_path))
+        prose = tok.decode(np.asarray(c.tokens("prose", "train"), dtype=np.int64).tolist())
+        pieces = [tok.decode([i]) for i in range(tok.get_vocab_size()) if c.token_bytes()[i] > 1]
+        return sum(p.strip() not in prose for p in pieces if p.strip())
+
+    assert pieces_not_in_prose(corpus) > 10  # the full BPE learned code's words (lambda, yield, ...)
+    assert pieces_not_in_prose(ctl) == 0
+    raw["tokenizer"]["train_domains"] = ["poetry"]
+    with pytest.raises(ConfigError, match="train_domains"):
+        recipe_from_dict(raw)

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from .config import RunConfig, load_experiment
+from .cooldown import total_branch_steps
 from .config_base import ConfigError
 
 # dense bf16 peak (TFLOP/s, no sparsity) and memory (GiB) per GPU
@@ -127,7 +128,8 @@ def plan_run(rc: RunConfig, gpus: int = 8, gpu: str = "H100-80GB", mfu: float = 
     fwd = model.flops_per_token(T)
     train_fpt = 3.0 * fwd
     tokens_per_step = tr.batch_size * T
-    total_tokens = tokens_per_step * tr.steps
+    branch_steps = total_branch_steps(tr)  # cooldown branches train on top of the run's own steps
+    total_tokens = tokens_per_step * (tr.steps + branch_steps)
     issues = []
     per_rank = tr.batch_size / (gpus * tr.grad_accum)
     if tr.batch_size % (gpus * tr.grad_accum):
@@ -149,7 +151,7 @@ def plan_run(rc: RunConfig, gpus: int = 8, gpu: str = "H100-80GB", mfu: float = 
         "seq_len": T, "params_total": counts["total"], "params_non_embedding": counts["non_embedding"],
         "fwd_flops_per_token": fwd, "train_flops_per_token": train_fpt, "six_n": 6.0 * counts["non_embedding"],
         "batch_size": tr.batch_size, "grad_accum": tr.grad_accum, "micro_batch_per_gpu": per_rank,
-        "tokens_per_step": tokens_per_step, "steps": tr.steps, "total_tokens": total_tokens,
+        "tokens_per_step": tokens_per_step, "steps": tr.steps, "branch_steps": branch_steps, "total_tokens": total_tokens,
         "total_train_flops": train_fpt * total_tokens, "gpus": gpus, "gpu": gpu_name, "parallel": parallel,
         "peak_tflops": spec["tflops"], "mfu": mfu, "memory_gib": mem, "gpu_mem_gib": spec["mem_gib"], "fits": fits,
         "tokens_per_s": flops_per_s / train_fpt, "est_hours": seconds / 3600, "issues": issues,
@@ -268,6 +270,11 @@ def format_plan(rows: list[dict], as_json: bool = False) -> str:
         m = r["memory_gib"]
         lines.append(f"  {r['run']:<{w}}{m['model_states']:>7.1f} + {m['comm_buffers']:.1f} + {m['activations']:.1f} + {m['reserve']:.1f}"
                      f" = {m['total']:.1f} of {r['gpu_mem_gib']:.0f}   (vocab {r['vocab_size']} from {r['vocab_source']})")
+    branched = [r for r in rows if r.get("branch_steps")]
+    if branched:
+        lines += ["", "cooldown branches (annealed points; counted in tokens and time):"]
+        lines += [f"  {r['run']:<{w}}{r['branch_steps']} steps on top of {r['steps']} (+{100 * r['branch_steps'] / r['steps']:.0f}%)"
+                  for r in branched]
     problems = [(r["run"], i) for r in rows for i in r["issues"]]
     if problems:
         lines += ["", "issues:"] + [f"  {run}: {msg}" for run, msg in problems]

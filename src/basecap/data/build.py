@@ -60,9 +60,12 @@ def data_home(home: str | os.PathLike | None = None) -> Path:
 
 
 def _cache_key(recipe: RecipeConfig, prepared: list[PreparedSource], tok_fp: str) -> str:
+    dumped = recipe.model_dump(mode="json", exclude={"build"})
+    if isinstance(dumped.get("tokenizer"), dict) and dumped["tokenizer"].get("train_domains") is None:
+        dumped["tokenizer"].pop("train_domains", None)  # absent = every domain: corpora built before the option keep their key
     blob = {
         "pipeline": PIPELINE_VERSION,
-        "recipe": recipe.model_dump(mode="json", exclude={"build"}),
+        "recipe": dumped,
         "sources": [[p.id, p.status, p.fingerprint] for p in prepared],
         "tokenizer_file": tok_fp,
     }
@@ -318,6 +321,8 @@ def _tokenizer(out: Path, work: Path, recipe: RecipeConfig, selected: dict, spoo
         cut = recipe.splits.validation + recipe.splits.test
         spans, sample_bytes = {}, {}  # per domain: the first documents' (offset, bytes), the last one cut
         for d, items in selected.items():
+            if tcfg.train_domains is not None and d not in tcfg.train_domains:
+                continue  # the control: a BPE that has seen only the training domains
             pool = [x for x in items if split_key(x[0]) >= cut] or items
             spans[d], room = [], tcfg.sample_bytes_per_domain
             for _, n, rec in pool:
@@ -339,7 +344,7 @@ def _tokenizer(out: Path, work: Path, recipe: RecipeConfig, selected: dict, spoo
             log(f"  tokenizer: byte-level BPE, vocab {tok.get_vocab_size()}, trained on "
                 f"{sum(sample_bytes.values()) / 1e6:.1f} MB ({time.perf_counter() - t0:.1f} s)")
         shutil.copyfile(done, out / "tokenizer.json")
-        info = {"kind": "bpe", "trained_on_bytes": sample_bytes}
+        info = {"kind": "bpe", "trained_on_bytes": sample_bytes, **({"train_domains": tcfg.train_domains} if tcfg.train_domains else {})}
         eot_token = EOT
     info["sha256"] = hashlib.sha256((out / "tokenizer.json").read_bytes()).hexdigest()
     return info, eot_token

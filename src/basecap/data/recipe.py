@@ -154,6 +154,9 @@ class BPETokenizerConfig(Strict):
     vocab_size: int = Field(default=8192, ge=300, le=2**31 - 1)
     sample_bytes_per_domain: int = Field(default=4_000_000, gt=0)
     min_frequency: int = Field(default=2, ge=1)
+    train_domains: list[str] | None = Field(default=None, description="domains whose samples train the BPE (default: every "
+                                            "domain); the training domains only is the control for held-out tokens that "
+                                            "training never sees (docs/metrics.md)")
 
 
 class FileTokenizerConfig(Strict):
@@ -225,6 +228,9 @@ class RecipeConfig(Strict):
         starved = sorted(set(self.domains) - fed)
         if starved:
             raise ValueError(f"domains without any source: {starved}")
+        tdoms = getattr(self.tokenizer, "train_domains", None)
+        if tdoms is not None and (not tdoms or set(tdoms) - set(self.domains)):
+            raise ValueError(f"tokenizer.train_domains {tdoms}: needs at least one of the recipe's domains {sorted(self.domains)}")
         return self
 
 
