@@ -125,3 +125,22 @@ def test_studies_without_a_design_keep_their_summary(tmp_path):
     report(dirs, tmp_path / "rep", reference="ref")
     summary = json.loads((tmp_path / "rep" / "summary.json").read_text())
     assert not {"design", "comparisons_by_measure", "interactions"} & set(summary)
+
+
+def test_report_applies_a_design_given_on_the_command_line(tmp_path):
+    from basecap.cli import main
+    from basecap.config_base import ConfigError
+    from basecap.report.design import load_design
+
+    runs = [(("ref", s), {}) for s in (0, 1)] + [(("other", s), {"gap": 0.1 + 0.01 * s}) for s in (0, 1)]
+    dirs = study(tmp_path, None, runs)
+    (tmp_path / "c.toml").write_text('[compare]\nband = [3.4, 3.8]\ntargets = "all"\npoints = "evals"\n')
+    main(["report", *map(str, dirs), "--reference", "ref", "--compare", str(tmp_path / "c.toml"), "--out", str(tmp_path / "rep")])
+    summary = json.loads((tmp_path / "rep" / "summary.json").read_text())
+    assert summary["design"]["primary"] == "evals_all" and by(summary, "evals_all", "other")["mean_gap"] == pytest.approx(0.105)
+    (tmp_path / "bad.toml").write_text("[compare]\nband = [3.8, 3.4]\n")
+    with pytest.raises(ConfigError, match="low < high"):
+        load_design(tmp_path / "bad.toml")
+    (tmp_path / "none.toml").write_text("name = 'x'\n")
+    with pytest.raises(ConfigError, match=r"no \[compare\] table"):
+        load_design(tmp_path / "none.toml")

@@ -181,8 +181,13 @@ def _cmd_report(args):
     out = args.out or (Path(args.run_dirs[0]).parent / "report")
     if args.tuning is not None and not Path(args.tuning).is_file():
         raise ConfigError(f"--tuning {args.tuning}: no such file (a tune experiment writes <out_dir>/tuning.json)")
+    design = None
+    if args.compare is not None:
+        from .report.design import load_design
+
+        design = load_design(args.compare)
     path = report(args.run_dirs, out, reference=args.reference, smooth=args.smooth, speed_json=args.speed,
-                  tuning_json=args.tuning, archive=args.archive)
+                  tuning_json=args.tuning, archive=args.archive, design=design)
     print(path.read_text().split("## Figures")[0].rstrip())
     print(f"report: {path.parent / 'report.html'} (and report.md)")
 
@@ -193,6 +198,9 @@ def _add_report(sub) -> None:
     r.add_argument("--out", default=None, help="output folder (default: <parent of first run>/report)")
     r.add_argument("--reference", default=None, help="run name to compare against (default: the first run)")
     r.add_argument("--smooth", type=int, default=3, help="moving average over this many evaluations before matching")
+    r.add_argument("--compare", default=None, type=Path, metavar="TOML",
+                   help="a TOML file with a [compare] table (an experiment file, or the table alone): the comparison design "
+                        "to apply instead of the one of the runs' study (docs/metrics.md)")
     r.add_argument("--speed", default=None, help="a `basecap bench mixers` JSON to include as the speed section")
     r.add_argument("--tuning", default=None, help="a tune experiment's tuning.json: the tuning section (sweep plot, the "
                                                    "choices, the gap at each fixed value)")

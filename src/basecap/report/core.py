@@ -89,9 +89,7 @@ def summarize(runs: list[Run], reference: str | None = None, smooth: int = SMOOT
     and the statistics of every comparison against the reference (``report.stats``). With a study's comparison
     ``design`` (its ``[compare]`` table, ``report.design``) the comparisons are those of its primary measure,
     with every other measure, the limited-vs-mixed interaction and the target strata beside them."""
-    groups: dict[str, list[Run]] = defaultdict(list)
-    for r in runs:
-        groups[r.name].append(r)
+    groups = _by_name(runs)
     names = list(groups)
     reference = reference if reference in groups else (names[0] if names else None)
     domains = sorted({d for r in runs for d in r.domains}, key=lambda d: (d not in runs[0].in_domains, d))
@@ -413,7 +411,8 @@ def archive_runs(run_dirs: list[str | Path], out_dir: str | Path) -> Path:
 
 
 def report(run_dirs: list[str | Path], out_dir: str | Path, reference: str | None = None, smooth: int = SMOOTH,
-           speed_json: str | Path | None = None, tuning_json: str | Path | None = None, archive: bool = False) -> Path:
+           speed_json: str | Path | None = None, tuning_json: str | Path | None = None, archive: bool = False,
+           design: dict | None = None) -> Path:
     """Write report.md, report.html (self-contained, every text escaped: ``report.page``), summary.json and PNG
     plots into ``out_dir``;
     returns the path of report.md. ``tuning_json``: a tune experiment's choice, shown before the comparison.
@@ -425,7 +424,7 @@ def report(run_dirs: list[str | Path], out_dir: str | Path, reference: str | Non
     out.mkdir(parents=True, exist_ok=True)
     from .design import design_of
 
-    summary = summarize(runs, reference, smooth=smooth, design=design_of([r.dir for r in runs]))
+    summary = summarize(runs, reference, smooth=smooth, design=design if design is not None else design_of([r.dir for r in runs]))
     from .suites import suite_sections
 
     images = _plots(runs, out, summary)

@@ -57,6 +57,25 @@ def design_of(run_dirs: list[Path]) -> dict | None:
     return exp.get("compare") or None
 
 
+def load_design(path: Path) -> dict:
+    """The validated ``[compare]`` table of a TOML file (``basecap report --compare``)."""
+    import tomllib
+
+    from ..config_base import ConfigError
+    from ..config_sections import CompareConfig
+
+    try:
+        table = tomllib.loads(Path(path).read_text(encoding="utf-8")).get("compare")
+    except (OSError, tomllib.TOMLDecodeError) as e:
+        raise ConfigError(f"--compare {path}: {e}") from None
+    if not table:
+        raise ConfigError(f"--compare {path}: no [compare] table")
+    try:
+        return json.loads(CompareConfig.model_validate(table).model_dump_json())
+    except ValueError as e:
+        raise ConfigError(f"--compare {path}: {e}") from None
+
+
 def _x(rec: dict, match_domains: list[str] | None) -> float | None:
     if not match_domains:
         return rec["in_domain_loss"]
