@@ -17,6 +17,8 @@ import warnings
 import pytest
 import torch
 
+from basecap.config_base import ConfigError
+
 from basecap.kernels import fla as fk
 from test_fla_emulation import KERNEL_OF, MUTATIONS, _check, _pair, _wrong, state_errors, training_errors
 
@@ -117,3 +119,27 @@ def test_real_kernels_catch_a_wrong_mapping(monkeypatch, name):
     err = (training_errors if branch == "training" else state_errors)(ref, fast)["output"]
     print(f"{name} wrong mapping: {err:.1e}")
     assert err > 100 * tol_out, f"{name}: rel err {err:.1e} (tolerance {tol_out:.0e})"
+
+
+@pytest.mark.parametrize("op", ["delta_rule", "gated_delta_rule"])
+def test_the_head_dim_limit_is_the_kernels(monkeypatch, op):
+    """A contract of the kernels alone (no reference has it): fla's delta-rule state kernels take key heads
+    of at most 256. The real op runs at 256 and asserts at 264; the adapter turns 264 into a ConfigError
+    before any kernel runs."""
+    import importlib
+
+    fn = getattr(importlib.import_module(f"fla.ops.{op}"), f"chunk_{op}")
+    _set_precision(monkeypatch, "deltanet")  # 16-bit q/k/v (fp16 here), as the adapters pass them
+    for K in (fk.DELTA_MAX_HEAD_DIM, fk.DELTA_MAX_HEAD_DIM + 8):
+        q, k = (torch.nn.functional.normalize(torch.randn(1, 1, 16, K), dim=-1) for _ in range(2))
+        v, beta = torch.randn(1, 1, 16, 8), torch.rand(1, 1, 16)
+        g = -0.1 * torch.rand(1, 1, 16) if op == "gated_delta_rule" else None
+        if K <= fk.DELTA_MAX_HEAD_DIM:
+            o, _ = fn(**fk.delta_rule_inputs(q, k, v, beta, g))
+            assert torch.isfinite(o).all()
+        else:
+            with pytest.raises(ConfigError, match="head_dim <= 256"):
+                fk.delta_rule_inputs(q, k, v, beta, g)
+            monkeypatch.setattr(fk, "DELTA_MAX_HEAD_DIM", 10**6)  # the kernel without the adapter's check
+            with pytest.raises(AssertionError, match="head dimension larger than 256"):
+                fn(**fk.delta_rule_inputs(q, k, v, beta, g))

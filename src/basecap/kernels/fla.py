@@ -140,6 +140,8 @@ def ssd(X: Tensor, log_a: Tensor, Bm: Tensor, Cm: Tensor, h0: Tensor | None = No
 
 # ---- DeltaNet / Gated DeltaNet ----------------------------------------------------------------------
 
+DELTA_MAX_HEAD_DIM = 256  # fla's chunk delta-rule state kernels (common/chunk_delta_h.py) assert K <= 256
+
 def delta_rule_inputs(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor | None = None,
                       state: Tensor | None = None) -> dict:
     """``chunk_delta_rule`` (``g is None``) or ``chunk_gated_delta_rule`` arguments for
@@ -149,6 +151,9 @@ def delta_rule_inputs(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor |
     ``[B, T, H, *]``. q and k arrive L2-normalised, so the kernel's own L2 norm stays off. Both kernels
     run in 16-bit: fla's delta rule rejects fp32, and fla documents the gated one with bf16 q/k/v
     (the log decay g stays fp32, as in fla's GatedDeltaNet layer)."""
+    if q.shape[-1] > DELTA_MAX_HEAD_DIM:
+        raise ConfigError(f"head_dim: impl='fast' (fla's chunk delta rule) supports head_dim <= {DELTA_MAX_HEAD_DIM}, "
+                          f"got {q.shape[-1]}; use impl='chunked'")
     dtype = compute_dtype(q, fp32_ok=False)
     kw = dict(q=_btd(q, dtype), k=_btd(k, dtype), v=_btd(v, dtype), beta=beta.transpose(1, 2).to(dtype).contiguous(),
               initial_state=_state(state), output_final_state=state is not None, use_qk_l2norm_in_kernel=False)
