@@ -18,7 +18,8 @@ from ..config_base import ConfigError, Strict, format_validation_error, valid_na
 CLAIMS_FILE = Path("experiments/paper/claims.toml")
 EXPECT = ("worse", "better", "no_effect", "trend", "interaction")
 DIRECTIONS = {"trend": ("falls", "rises"), "interaction": ("larger", "smaller")}
-MEASURES = ("primary",)  # the report's primary endpoint: comparisons' per_seed (docs/metrics.md)
+# "primary": the study's primary gap (its design's, when it has one); a design's other measures by name (docs/metrics.md)
+MEASURES = ("primary", "legacy", "evals_all", "evals_seen", "annealed_all", "annealed_seen")
 
 
 class Study(Strict):
@@ -47,7 +48,7 @@ class Claim(Strict):
     x: dict[str, float] | None = None    # trend: each run's value (slope on log2 x)
     domains: list[str] | None = None
     seeds: list[int] | None = None       # only these seeds (default: every seed both runs have)
-    measure: Literal["primary"] = "primary"
+    measure: Literal["primary", "legacy", "evals_all", "evals_seen", "annealed_all", "annealed_seen"] = "primary"
     gpu: str | None = None               # needs the paper's GPU scale: what would have to run
     untestable: str | None = None        # no study can test it: why
 

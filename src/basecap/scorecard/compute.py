@@ -2,8 +2,8 @@
 
 Runs are read from a study's archived records (``results/<study>/runs/``) with the report's own reader
 (``report.runs.load_run``) and curves (``report.core._curves``), and compared with the report's own matching
-(``report.stats.build_comparisons``), so the scorecard follows any change of the comparison design. ``MEASURES``
-maps a claim's ``measure`` to the field of a comparison that holds its per-seed values.
+(``report.stats.build_comparisons``), so the scorecard follows any change of the comparison design. A study with a comparison design
+(``report.design``) is compared with its design's primary measure, or the measure a claim names.
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ from ..report.runs import Run, load_run
 from ..report.stats import SMOOTH, build_comparisons
 from .claims import Claim
 
-MEASURES = {"primary": "per_seed"}  # claim measure -> comparisons[i] field with one value per seed (docs/metrics.md)
 
 
 @dataclasses.dataclass
@@ -66,8 +65,22 @@ def pair_gaps(study: Study, run: str, reference: str, domains: list[str], seeds:
             # no per-window losses: the scorecard needs the gaps, not the evaluation-noise bootstrap
             pairs.append(tuple(dataclasses.replace(_curves(x), final_windows={}) for x in (r, ref)))
     smooth = study.summary.get("smooth") or SMOOTH
-    comps = build_comparisons(pairs, domains, smooth=smooth)
-    field = MEASURES[measure]
+    design = study.summary.get("design")
+    if design:  # a study with a comparison design: its primary measure (or the one the claim names), as its report
+        from ..report.design import measure_comparisons, measures
+
+        ms, primary = measures(design)
+        name = primary if measure == "primary" else measure
+        m = next((x for x in ms if x.name == name), None)
+        if m is None:
+            raise ConfigError(f"measure {measure!r}: study {study.name} has {', '.join(x.name for x in ms)}")
+        run_pairs = [(r, study.runs[(reference, seed)]) for (n, seed), r in sorted(study.runs.items(), key=lambda kv: kv[0][1])
+                     if n == run and (reference, seed) in study.runs and (seeds is None or seed in seeds)]
+        comps = measure_comparisons(run_pairs, m, design, domains, smooth) if m.name != "legacy" else \
+            build_comparisons(pairs, domains, smooth=smooth)
+    else:
+        comps = build_comparisons(pairs, domains, smooth=smooth)
+    field = "per_seed"
     out = {c["domain"]: dict(zip(c["seeds"], c[field])) for c in comps}
     notes = [f"{run} vs {reference}, {c['domain']}: {n}" for c in comps for n in c["notes"]]
     return out, notes
