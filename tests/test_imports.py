@@ -96,10 +96,10 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 LAYERS = [
     ["config_base", "atomic", "ops", "kernels", "distributed", "presets"],
     ["data", "mixers", "tracking"],
-    ["model", "matching", "config"],
+    ["model", "matching", "config", "config_sections"],
     ["rundir", "checkpoint", "peak"],
-    ["train", "eval", "report", "reuse", "compile"],
-    ["experiment", "bench", "hf", "catalog", "plan", "sweep", "tune"],
+    ["train", "cooldown", "eval", "report", "reuse", "compile"],
+    ["experiment", "bench", "hf", "catalog", "plan", "sweep", "tune", "scorecard"],
     ["cli", "__main__", "lm_eval_plugin"],
 ]
 
