@@ -424,7 +424,7 @@ def report(run_dirs: list[str | Path], out_dir: str | Path, reference: str | Non
     out.mkdir(parents=True, exist_ok=True)
     from .design import design_of
 
-    summary = summarize(runs, reference, smooth=smooth, design=design if design is not None else design_of([r.dir for r in runs]))
+    summary = summarize(runs, reference, smooth=smooth, design={**design, "given": "report --compare"} if design is not None else design_of([r.dir for r in runs]))
     from .suites import suite_sections
 
     images = _plots(runs, out, summary)

@@ -21,7 +21,9 @@ def design_sections(summary: dict) -> list[str]:
     d = summary["design"]
     match = ", ".join(d["match_domains"]) if d.get("match_domains") else "each run's training domains (in-domain loss)"
     return ["", "## Comparison design", "",
-            f"Fixed in the study file before any run trained (docs/metrics.md, \"The comparison design\"). Matching coordinate: "
+            ("Given on the command line (`basecap report --compare`): a re-analysis, chosen after the runs, so exploratory "
+             if d.get("given") else "Fixed in the study file before any run trained ") +
+            f"(docs/metrics.md, \"The comparison design\"). Matching coordinate: "
             f"the loss on {match}. Primary measure: `{d['primary']}` ({MEASURE_WORDS.get(d['primary'], d['primary'])}): the mean "
             f"gap over the in-domain band {d['band'][0]:g}-{d['band'][1]:g}, the same for every comparison. Annealed points are the "
             "cooldown branches' evaluations and each run's own end (its schedule ends at the floor rate); seen targets are the "
