@@ -1,8 +1,12 @@
 """``basecap mixers``: every registered mixer with its switches, parameter count at a preset,
-recurrent state bytes per sequence and asymptotic cost (read off its own FLOP accounting)."""
+recurrent state bytes per sequence and asymptotic cost: read off its own FLOP accounting, except where one
+switch changes the algorithm (``SELECTION_COSTS``: Top-1 Chunk's Exact and Approx selection). Every cost
+string's training term is checked against a scaling exponent measured by ``basecap bench mixers``
+(``cost_exponent``, tests/test_catalog.py)."""
 
 from __future__ import annotations
 
+import math
 import typing
 
 import torch
@@ -27,6 +31,52 @@ def switches(name: str) -> dict[str, str]:
     return out
 
 
+# (mixer, selection) -> cost, where the selection mode changes the algorithm (docs/top1.md): Exact scores every
+# visible key to choose a chunk; Approx scores the T/C chunk means, then attends inside one chunk of C
+SELECTION_COSTS: dict[tuple[str, str], str] = {
+    ("top1_chunk", "exact"): "O(T^2) train, O(T) per decoded token",
+    ("top1_chunk", "approx"): "O(T^2/C + T C) train, O(T/C + C) per decoded token",
+}
+
+
+def flops_cost(mixer, seq_len: int) -> str:
+    """The cost read off a mixer's FLOPs per token at T/4 and T: quadratic when they grow with T."""
+    f1, f4 = mixer.flops_per_token(seq_len // 4), mixer.flops_per_token(seq_len)
+    growth = f4 / f1 if f1 else 1.0
+    if growth > 1.5:
+        return "O(T^2) train, O(T) per decoded token"
+    if getattr(mixer.cfg, "window", 0):
+        return "O(T W) train, O(W) per decoded token"
+    return "O(T) train, O(1) per decoded token"
+
+
+def mixer_cost(mixer, seq_len: int) -> str:
+    """The asymptotic cost of a built mixer with its config's switches."""
+    selection = getattr(mixer.cfg, "selection", None)
+    return SELECTION_COSTS.get((mixer.cfg.name, selection)) or flops_cost(mixer, seq_len)
+
+
+def _term_value(term: str, T: float, C: float, W: float) -> float:
+    value, divide = 1.0, False
+    for tok in term.replace("/", " / ").split():
+        if tok == "/":
+            divide = True
+            continue
+        f = {"T^2": T * T, "T": T, "C": C, "W": W, "1": 1.0}[tok]
+        value, divide = (value / f if divide else value * f), False
+    return value
+
+
+def cost_exponent(cost: str, t1: int, t2: int, chunk: int = 128, window: int = 1, part: str = "train") -> float:
+    """The scaling exponent a cost string predicts between lengths t1 and t2: the slope of log cost against
+    log T for its ``train`` (or ``decode``) term, a sum of products of T, T^2, C, W and 1 (e.g. "T^2/C + T C")."""
+    train, decode = (x.strip() for x in cost.split(","))
+    expr = train if part == "train" else decode
+    inner = expr[expr.index("O(") + 2: expr.rindex(")")]
+    value = lambda T: sum(_term_value(t, T, chunk, window) for t in inner.split(" + "))  # noqa: E731
+    return math.log(value(t2) / value(t1)) / math.log(t2 / t1)
+
+
 def describe(preset: str = "tiny", seq_len: int = 2048, vocab_size: int = 8192) -> list[dict]:
     rows = []
     for name in mixer_names():
@@ -34,19 +84,21 @@ def describe(preset: str = "tiny", seq_len: int = 2048, vocab_size: int = 8192) 
         with torch.device("meta"):
             model = LM(cfg)
         mixer = model.blocks[0].mixer
-        f1, f4 = mixer.flops_per_token(seq_len // 4), mixer.flops_per_token(seq_len)
-        growth = f4 / f1 if f1 else 1.0
-        cost = "O(T^2) train, O(T) per decoded token" if growth > 1.5 else "O(T) train, O(1) per decoded token"
-        if getattr(mixer.cfg, "window", 0) and growth <= 1.5:
-            cost = "O(T W) train, O(W) per decoded token"
         state = model.state_size(seq_len)
+        modes = typing.get_args(mixer_class(name).config_class.model_fields["selection"].annotation) \
+            if "selection" in mixer_class(name).config_class.model_fields else ()
         rows.append({
             "mixer": name, "mlp": cfg.mlp.name, "params": model.param_counts(), "state_bytes": state,
-            "state_grows": state != model.state_size(seq_len // 2), "cost": cost,
+            "state_grows": state != model.state_size(seq_len // 2), "cost": mixer_cost(mixer, seq_len),
+            "cost_by_selection": {m: SELECTION_COSTS.get((name, m)) or mixer_cost(mixer, seq_len) for m in modes} or None,
             "flops_per_token": model.flops_per_token(seq_len), "switches": switches(name),
             "doc": (mixer_class(name).__module__ and (__import__(mixer_class(name).__module__, fromlist=["_"]).__doc__ or "").strip().splitlines()[0]),
         })
     return rows
+
+
+def _cost_cell(row: dict) -> str:
+    return "by selection mode (below)" if row.get("cost_by_selection") else row["cost"]
 
 
 def format_table(rows: list[dict], preset: str, seq_len: int) -> str:
@@ -56,8 +108,14 @@ def format_table(rows: list[dict], preset: str, seq_len: int) -> str:
         st = r["state_bytes"]
         st_s = f"{st / 2**20:.2f} MiB" if st >= 2**20 else f"{st / 2**10:.1f} KiB"
         lines.append(f"{r['mixer']:<16}{r['mlp']:<10}{r['params']['total'] / 1e6:>8.2f}M{r['params']['non_embedding'] / 1e6:>8.2f}M"
-                     f"{st_s + ('*' if r['state_grows'] else ''):>12}  {r['cost']:<38}{r['doc'][:70]}")
-    lines += ["", "* grows with context (KV cache)", "", "switches (config keys under model.mixer):"]
+                     f"{st_s + ('*' if r['state_grows'] else ''):>12}  {_cost_cell(r):<38}{r['doc'][:70]}")
+    lines += ["", "* grows with context (KV cache)"]
+    by_mode = [r for r in rows if r.get("cost_by_selection")]
+    if by_mode:
+        lines += ["", "cost by selection mode (model.mixer.selection; C = chunk_len):"]
+        for r in by_mode:
+            lines += [f"  {r['mixer']} {mode}: {cost}" for mode, cost in r["cost_by_selection"].items()]
+    lines += ["", "switches (config keys under model.mixer):"]
     for r in rows:
         lines.append(f"  {r['mixer']}:")
         lines += [f"    {k} = {v}" for k, v in r["switches"].items()]

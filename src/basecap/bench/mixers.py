@@ -3,7 +3,9 @@
 One mixer layer at the tiny preset's width (d_model 192), batch 1, fp32:
 - forward+backward time of the training form (``impl = auto``) at T = 512, 2048, 8192;
 - the step-by-step reference at T = 2048 (chunked-vs-reference speed-up);
-- per-token decode latency after prefilling a context of 1k, 4k, 16k tokens (interleaved rounds).
+- per-token decode latency after prefilling a context of 1k, 4k, 16k tokens (interleaved rounds);
+- the scaling exponent of the training form between the first and last length (slope of log time against
+  log T) next to the one the mixer's cost string in ``basecap mixers`` predicts (``catalog.cost_exponent``).
 A mixer whose fast form disagrees with its reference (rel. err > 1e-4 at T = 100) is reported as
 failed and its numbers are not used. Targets (issue): stateful training form <= 2x Transformer++ at
 T = 2048 and faster at 8192; chunked >= 10x the reference at 2048; decode at 16k within 1.2x of 1k.
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import time
 from pathlib import Path
@@ -85,6 +88,44 @@ def _decode_latencies(m, contexts, steps: int = 16, rounds: int = 9) -> dict[int
                 if r:  # round 0 is warm-up
                     times[ctx].append((time.perf_counter() - t) / steps)
         return {ctx: statistics.median(v) for ctx, v in times.items()}
+
+
+def train_exponent(spec: str, lengths: tuple[int, int] = (2048, 8192), reps: int = 2) -> dict:
+    """The measured scaling exponent of a mixer's training form (forward + backward) between two lengths: the
+    slope of log time against log T, each time the fastest of ``reps`` in process CPU time after a warm-up (CPU
+    time, so other jobs on a shared machine move it less), and the exponent its cost string predicts."""
+    from ..catalog import cost_exponent, mixer_cost
+
+    m = _make(spec)
+    times = {}
+    for T in lengths:
+        step = fwd_bwd(m, torch.randn(1, T, D_MODEL, requires_grad=True))
+        step()
+        best = float("inf")
+        for _ in range(reps):
+            c = time.process_time()
+            step()
+            best = min(best, time.process_time() - c)
+        times[T] = best
+    t1, t2 = lengths
+    cost = mixer_cost(m, t2)
+    return {"cost": cost, "times": times, "exponent": math.log(times[t2] / times[t1]) / math.log(t2 / t1),
+            "predicted": cost_exponent(cost, t1, t2, chunk=getattr(m.cfg, "chunk_len", 1), window=getattr(m.cfg, "window", 1) or 1)}
+
+
+def _add_exponents(results: dict, args) -> None:
+    """Each benchmarked mixer's measured exponent between the first and last length, beside its cost string's."""
+    from ..catalog import cost_exponent, mixer_cost
+
+    t1, t2 = args.lengths[0], args.lengths[-1]
+    for name, row in results.items():
+        if not row["ok"] or t1 == t2:
+            continue
+        m = _make(name)
+        cost = mixer_cost(m, t2)
+        row["cost"] = cost
+        row["exponent"] = math.log(row["train_s"][t2] / row["train_s"][t1]) / math.log(t2 / t1)
+        row["cost_exponent"] = cost_exponent(cost, t1, t2, chunk=getattr(m.cfg, "chunk_len", 1), window=getattr(m.cfg, "window", 1) or 1)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -195,7 +236,13 @@ def main(argv: list[str] | None = None):
         names = ["attention", *names]
     results = {name: _measure(name, args) for name in names}
     _add_targets(results, args)
+    _add_exponents(results, args)
     _print_table(results, args)
+    if any("exponent" in r for r in results.values()):
+        print(f"\nscaling exponent of forward+backward, T = {args.lengths[0]} -> {args.lengths[-1]}: measured vs the cost string's")
+        for name, row in results.items():
+            if "exponent" in row:
+                print(f"{name:<22}{row['exponent']:>8.2f}{row['cost_exponent']:>8.2f}   {row['cost']}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     meta = {"d_model": D_MODEL, "batch": 1, "threads": torch.get_num_threads(), "torch": torch.__version__,
