@@ -189,3 +189,27 @@ def test_numbers_quoted_in_study_readmes_match_summary_json(readme):
                 if not any(_close(v, x) for x in holm):
                     bad.append(m.group(0))
     assert not bad, f"{readme}: quoted numbers not in summary.json: {bad}"
+
+
+def test_a_superseding_study_answers_its_claims_once_published(tmp_path):
+    """Once the study with the comparison design is published with a claim's runs, the claim is computed there and
+    the superseded study's estimate stays beside it; claims whose runs it lacks stay with the old study."""
+    root = tmp_path / "repo"
+    shutil.copytree(ROOT / "experiments", root / "experiments")
+    (root / "results").mkdir()
+    for s in ("architectures", "architectures_shared_lr"):
+        shutil.copytree(ROOT / "results" / s, root / "results" / s, ignore=shutil.ignore_patterns("*.png", "*.html"))
+    before = {r["id"]: r for r in build_scorecard(root)["claims"]}
+    assert before["mamba2_worse"]["results"] == "architectures" and before["mamba2_worse"]["before"] is None
+    # stand-in for the published annealed study: the same records under its name (its claims' runs are all there
+    # except mamba2_lr2e-3)
+    shutil.copytree(root / "results" / "architectures", root / "results" / "architectures_annealed")
+    rows = {r["id"]: r for r in build_scorecard(root)["claims"]}
+    m2 = rows["mamba2_worse"]
+    assert (m2["study"], m2["results"]) == ("architectures_annealed", "architectures_annealed")
+    assert m2["before"]["study"] == "architectures" and m2["before"]["mean"] == pytest.approx(before["mamba2_worse"]["test"]["mean"])
+    assert rows["mamba2_worse_shared_lr"]["results"] == "architectures_shared_lr" and rows["mamba2_worse_shared_lr"]["before"] is None
+    # the shared-rate Top-1 Chunk has no counterpart there (only Mamba-2 is also trained at 2e-3): it stays
+    assert rows["top1_chunk_approx_keeps_shared_lr"]["results"] == "architectures_shared_lr"
+    with pytest.raises(ConfigError, match="superseding_runs"):
+        load_claims(_claims(tmp_path, lambda t: t.replace('mamba2 = "mamba2_lr2e-3"', 'mamba2 = "mamba9"', 1)), ROOT)

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..config_base import ConfigError
-from .claims import CLAIMS_FILE, load_claims
+from .claims import CLAIMS_FILE, load_claims, superseding_claim
 from .compute import claim_values, comparison_key, load_study, provenance, scale_of_config, scale_of_run
 from .verdicts import NOT_RUN, UNTESTABLE, claim_margin, decide, claim_tests
 
@@ -24,6 +24,26 @@ def load_studies(results: Path) -> dict:
     return out
 
 
+def _superseded(c, claims, studies: dict, domains: list[str]):
+    """(the claim as the study that answers it, the superseded study's estimate or None): a claim whose study is
+    superseded by a published study with its runs is computed there; the old study's estimate is kept beside."""
+    old = claims.studies[c.study]
+    if old.superseded_by is None or (old.superseding_runs and any(r not in old.superseding_runs for r in c.runs)):
+        return c, None  # with a run map, only the claims whose every run it maps move
+    new = superseding_claim(c, old)
+    st = studies.get(claims.results_dir(old.superseded_by))
+    if st is None or any(not any(k[0] == r for k in st.runs) for r in new.runs):
+        return c, None
+    prev = studies.get(claims.results_dir(c.study))
+    if prev is None:
+        return new, None
+    from ..report.stats import paired_test
+
+    t = paired_test(claim_values(c, prev, domains)["values"])
+    return new, {"study": c.study, "results": claims.results_dir(c.study), "mean": t.mean,
+                 "ci95": list(t.ci95) if t.ci95 else None, "n": t.n}
+
+
 def build_scorecard(root: str | Path = ".", claims_path: str | Path | None = None) -> dict:
     """The scorecard of the claims file against the studies under ``root``/results (paths relative to ``root``)."""
     root = Path(root)
@@ -34,10 +54,14 @@ def build_scorecard(root: str | Path = ".", claims_path: str | Path | None = Non
     rows, seen = [], {}
     for c in claims.claims:
         domains = c.domains or claims.domains
+        before = None
+        if c.untestable is None and c.study is not None:
+            c, before = _superseded(c, claims, studies, domains)
         row = {"id": c.id, "section": c.section, "paper": c.paper, "study": c.study, "expect": c.expect,
                "direction": c.direction, "run": c.run, "reference": c.reference, "runs": c.runs, "domains": domains,
                "measure": c.measure, "family": c.untestable is None and c.gpu is None, "claim_obj": c, "test": None,
-               "verdict": NOT_RUN, "detail": "", "scale": None, "results": None, "seeds": [], "values": [], "reused": []}
+               "verdict": NOT_RUN, "detail": "", "scale": None, "results": None, "seeds": [], "values": [], "reused": [],
+               "before": before}
         rows.append(row)
         if c.untestable is not None:
             row["verdict"], row["detail"] = UNTESTABLE, c.untestable

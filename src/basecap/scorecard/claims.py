@@ -27,6 +27,10 @@ class Study(Strict):
     size: str
     results: str | None = None           # folder under results/ (default: the study's name)
     label: str | None = None
+    superseded_by: str | None = None     # a study that answers the same claims with the comparison design: once it is
+                                         # published (with the claim's runs), the claim is computed from it, this one beside
+    superseding_runs: dict[str, str] = {}  # run names in the superseding study; when given, only claims whose every
+                                           # run it maps move there (a control whose other runs have no counterpart stays)
 
     @field_validator("results")
     @classmethod
@@ -122,6 +126,9 @@ class ClaimsFile(Strict):
             seen.add(c.id)
             if c.study is not None and c.study not in self.studies:
                 raise ValueError(f"claims[{i}] ({c.id}): unknown study {c.study!r}; studies: {', '.join(self.studies)}")
+        for key, st in self.studies.items():
+            if st.superseded_by is not None and (st.superseded_by not in self.studies or st.superseded_by == key):
+                raise ValueError(f"studies.{key}.superseded_by: unknown study {st.superseded_by!r}")
         return self
 
     def results_dir(self, study: str) -> str:
@@ -163,6 +170,12 @@ def check_runs(claims: ClaimsFile, root: Path, path: Path) -> None:
         except ConfigError as e:
             raise ConfigError(f"{path}: studies.{key}: {e}") from None
         names[key] = [r["name"] for r in exp.runs]
+    for key, study in claims.studies.items():
+        if study.superseded_by is not None:
+            bad = [r for r in study.superseding_runs.values() if r not in names[study.superseded_by]]
+            if bad or set(study.superseding_runs) - set(names[key]):
+                raise ConfigError(f"{path}: studies.{key}.superseding_runs: {study.superseding_runs} names runs that "
+                                  f"{key} or {study.superseded_by} do not have")
     for i, c in enumerate(claims.claims):
         if c.study is None:
             continue
@@ -170,3 +183,15 @@ def check_runs(claims: ClaimsFile, root: Path, path: Path) -> None:
         if bad:
             raise ConfigError(f"{path}: claims[{i}] ({c.id}): {', '.join(map(repr, bad))} is not a run of "
                               f"{claims.studies[c.study].experiment} (runs: {', '.join(names[c.study])})")
+
+
+def superseding_claim(claim: Claim, study: Study) -> Claim:
+    """``claim`` as its study's superseding study would answer it: same test, the runs under their names there."""
+    rename = study.superseding_runs
+
+    def n(name):
+        return None if name is None else rename.get(name, name)
+
+    return claim.model_copy(update={"study": study.superseded_by, "run": n(claim.run), "reference": n(claim.reference),
+                                    "control_run": n(claim.control_run), "control_reference": n(claim.control_reference),
+                                    "x": {n(k): v for k, v in claim.x.items()} if claim.x else None})

@@ -131,6 +131,9 @@ def scorecard_markdown(card: dict) -> str:
         t = r["test"] or {}
         dom = domain_text(r)
         est = estimate_text(r) + (f" ({dom})" if dom else "")
+        if r.get("before") and r["before"]["mean"] is not None:
+            b = r["before"]
+            est += f"; before the comparison design ({_link(b['study'], b['results'])}): {_n(b['mean'])} {_ci(b['ci95'])}".rstrip()
         ph = f"{_p(t.get('p_holds_holm'))} / {_p(t.get('p_fails_holm'))}" if t.get("n", 0) >= 2 else "-"
         lines.append(f"| `{r['id']}` | {r['section']} | {r['paper']} | {_link(r['study'], r['results'])} | {expects_text(r)} | "
                      f"{est} | {_ci(t.get('ci_corrected')) or '-'} | {len(r['seeds']) or '-'} | {ph} | {verdict_text(r)} | "
