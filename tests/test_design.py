@@ -144,3 +144,18 @@ def test_report_applies_a_design_given_on_the_command_line(tmp_path):
     (tmp_path / "none.toml").write_text("name = 'x'\n")
     with pytest.raises(ConfigError, match=r"no \[compare\] table"):
         load_design(tmp_path / "none.toml")
+
+
+def test_a_size_carries_its_own_design(tmp_path):
+    """A band in nats belongs to one scale: sizes.<s>.compare is the design at that size only, validated at every size."""
+    from basecap.config import load_experiment
+    from basecap.config_base import ConfigError
+
+    text = ('name = "x"\nsize = "small"\n[[runs]]\nname = "a"\n[sizes.small]\ncompare = { band = [4.0, 4.2] }\n'
+            '[sizes.big]\ntrain = { steps = 100 }\n')
+    (tmp_path / "x.toml").write_text(text)
+    assert load_experiment(tmp_path / "x.toml").compare.band == (4.0, 4.2)
+    assert load_experiment(tmp_path / "x.toml", ["size=big"]).compare is None
+    (tmp_path / "y.toml").write_text(text.replace("[4.0, 4.2] }\n[sizes.big]", "[4.0, 4.2] }\n[sizes.big]\ncompare = { band = [2, 1] }"))
+    with pytest.raises(ConfigError, match="low < high"):
+        load_experiment(tmp_path / "y.toml")

@@ -143,9 +143,11 @@ class ExperimentConfig(Strict):
             raise ValueError(f"size: {self.size!r} is not defined; allowed: {', '.join(self.sizes) or '(no [sizes.*] tables)'}")
         for sname, over in self.sizes.items():
             check_name(sname, f"sizes[{sname!r}]", "size names")
-            extra = set(over) - {*_SECTIONS, "runs", "sweep"}
+            extra = set(over) - {*_SECTIONS, "runs", "sweep", "compare"}
             if extra:
-                raise ValueError(f"sizes.{sname}: unknown key(s) {sorted(extra)}; allowed: {', '.join(_SECTIONS)}, runs, sweep")
+                raise ValueError(f"sizes.{sname}: unknown key(s) {sorted(extra)}; allowed: {', '.join(_SECTIONS)}, runs, sweep, compare")
+            if "compare" in over:
+                CompareConfig.model_validate(over["compare"])  # checked at every size, not only the chosen one
             unknown_runs = set(over.get("runs", {})) - set(names)
             if unknown_runs:
                 raise ValueError(f"sizes.{sname}.runs: unknown run(s) {sorted(unknown_runs)}; runs are {names}")
@@ -159,11 +161,13 @@ class ExperimentConfig(Strict):
 
     def _check_names(self) -> list[str]:
         """Every [[runs]] and [[suites]] name: present where needed, valid, unique. Returns the run names."""
-        names = [r.get("name") for r in self.runs]
-        for i, n in enumerate(names):
+        names: list[str] = []
+        for i, r in enumerate(self.runs):
+            n = r.get("name")
             if n is None:
                 raise ValueError(f"runs[{i}]: every [[runs]] entry needs a name")
             check_name(n, f"runs[{i}].name", "run names")
+            names.append(n)
         folded = [n.lower() for n in names]  # run folders: one on a case-insensitive file system
         dup = {n for n in names if folded.count(n.lower()) > 1}
         if dup:
@@ -246,7 +250,7 @@ class ExperimentConfig(Strict):
         (its per-run entries last) < ``overrides`` (--set)."""
         base = {k: getattr(self, k) for k in _SECTIONS}
         size = self.sizes.get(self.size, {}) if self.size is not None else {}
-        base = deep_merge(base, {k: v for k, v in size.items() if k not in ("runs", "sweep")})
+        base = deep_merge(base, {k: v for k, v in size.items() if k not in ("runs", "sweep", "compare")})
         out = []
         for i, spec in enumerate(self.runs or [{"name": self.name}]):
             extra = set(spec) - {"name", "seed_offset", *_SECTIONS}

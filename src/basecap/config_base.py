@@ -216,4 +216,7 @@ def apply_size_sweep(data: dict) -> dict:
     grid = sizes.get(data.get("size"), {}).get("sweep") if isinstance(sizes, dict) and isinstance(sizes.get(data.get("size")), dict) else None
     if isinstance(grid, dict) and isinstance(data.get("sweep", {}), dict):
         data = {**data, "sweep": {**flatten_keys(data.get("sweep", {})), **flatten_keys(grid)}}
+    chosen = sizes.get(data.get("size")) if isinstance(sizes, dict) else None
+    if isinstance(chosen, dict) and "compare" in chosen:  # a band in nats is a property of one scale
+        data = {**data, "compare": chosen["compare"]}
     return data
