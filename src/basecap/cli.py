@@ -42,7 +42,8 @@ class _Names:
     Give the argument a ``metavar``: argparse formats the choices of one without it when it is added."""
 
     def __init__(self, module: str, attr: str, *extra: str):
-        self._module, self._attr, self._extra, self._names = module, attr, extra, None
+        self._module, self._attr, self._extra = module, attr, extra
+        self._names: list[str] | None = None
 
     def _load(self) -> list[str]:
         if self._names is None:

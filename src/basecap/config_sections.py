@@ -20,6 +20,7 @@ MAX_STEPS = 10**8
 MAX_D_MODEL = 2**16
 MAX_LAYERS = 1024
 Beta = Annotated[float, Field(ge=0, lt=1)]
+Logger = Literal["jsonl", "tensorboard", "wandb"]
 
 
 class DataConfig(Strict):
@@ -73,8 +74,8 @@ class TrainConfig(Strict):
     keep_checkpoints: int = Field(2, gt=0)
     log_every: int = Field(10, gt=0)
     progress: bool = True
-    loggers: list[Literal["jsonl", "tensorboard", "wandb"]] = Field(
-        default_factory=lambda: ["jsonl"], description="jsonl (always on, the source of truth), tensorboard, wandb (docs/tracking.md)")
+    loggers: list[Logger] = Field(
+        default_factory=lambda: list[Logger](["jsonl"]), description="jsonl (always on, the source of truth), tensorboard, wandb (docs/tracking.md)")
 
     @field_validator("loggers")
     @classmethod

@@ -9,9 +9,11 @@ step), so the run sees the same data at any world size.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -54,7 +56,7 @@ def wrap(model: torch.nn.Module, mode: str, env: DistEnv, device: torch.device) 
         return DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
     from torch.distributed.fsdp import fully_shard
 
-    for block in model.blocks:  # shard per block, then the root (embedding, head)
+    for block in cast(Iterable[torch.nn.Module], model.blocks):  # shard per block, then the root (embedding, head)
         fully_shard(block)
     fully_shard(model)
     return model
@@ -63,16 +65,17 @@ def wrap(model: torch.nn.Module, mode: str, env: DistEnv, device: torch.device) 
 @contextmanager
 def grad_sync(model: torch.nn.Module, mode: str, env: DistEnv, sync: bool):
     """Skip the gradient all-reduce on all but the last micro-batch of a step."""
+    wrapped: Any = model  # DDP (no_sync) or an FSDP module (set_requires_gradient_sync)
     if not env.active or sync:
         if env.active and mode == "fsdp":
-            model.set_requires_gradient_sync(True)
+            wrapped.set_requires_gradient_sync(True)
         yield
         return
     if mode == "ddp":
-        with model.no_sync():
+        with wrapped.no_sync():
             yield
     else:
-        model.set_requires_gradient_sync(False)
+        wrapped.set_requires_gradient_sync(False)
         yield
 
 

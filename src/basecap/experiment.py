@@ -125,6 +125,10 @@ def _reuse_then(train_fn, reuse: list[Path] | None, log):
     return fn
 
 
+def _silent(*_) -> None:
+    """The log of a rank other than 0."""
+
+
 def train_experiment(path: str | Path, overrides: list[str] | None = None, only: list[str] | None = None,
                      log=print, reuse: list[Path] | None = None) -> list[tuple[RunConfig, dict]]:
     """``basecap train``: train the runs of an experiment (or those in ``only``) without evaluating or
@@ -138,7 +142,7 @@ def train_experiment(path: str | Path, overrides: list[str] | None = None, only:
     exp, runs = resolve_experiment(path, overrides)
     check_selection(exp, runs, only)
     if int(os.environ.get("RANK", "0")) != 0:
-        log = lambda *_: None
+        log = _silent
     device_type = "cuda" if torch.cuda.is_available() and runs[0].train.device != "cpu" else "cpu"
     corpus = rank0_first(lambda: prepare_corpus(runs, log=log), device_type, runs[0].train.dist_timeout_s)
 

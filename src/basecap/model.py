@@ -8,7 +8,8 @@ RMSNorm, mlp, residual] -> RMSNorm -> LM head. No biases anywhere.
 from __future__ import annotations
 
 import math
-from typing import Any, Literal
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 import torch
 from pydantic import Field, field_validator, model_validator
@@ -22,7 +23,12 @@ from .mixers.attention import AttentionConfig
 from .ops.norm import RMSNorm
 from .presets import PRESETS
 
-PresetName = Literal[tuple(PRESETS)]
+if TYPE_CHECKING:  # Literals built at runtime from the registries (pydantic checks them); a type checker sees str
+    PresetName = str
+    HeadImpl = str
+else:
+    PresetName = Literal[tuple(PRESETS)]
+    HeadImpl = Literal[HEAD_IMPLS]
 
 
 class ModelConfig(Strict):
@@ -41,7 +47,7 @@ class ModelConfig(Strict):
     mlp: Any = None  # default: the mixer's own default (SwiGLU for most)
     layer_mixers: dict[int, Any] = Field(default_factory=dict, description="per-layer mixer overrides (hybrids)")
     tie_embeddings: bool = False
-    head_impl: Literal[HEAD_IMPLS] = Field(
+    head_impl: HeadImpl = Field(
         "auto", description="the LM head's loss: 'chunked' never materialises the [tokens, vocab] logits (gradients folded "
                             "chunk by chunk), 'fast' is fla's fused kernel (CUDA training loss), 'auto' the fast one where "
                             "it runs and chunked elsewhere, 'plain' the whole logits and F.cross_entropy (the reference)")
@@ -161,7 +167,7 @@ class LM(nn.Module):
 
     def init_state(self, batch: int, device="cpu", dtype=torch.float32):
         return {
-            "layers": [(b.mixer.init_state(batch, device, dtype), b.mlp.init_state(batch, device, dtype)) for b in self.blocks],
+            "layers": [(b.mixer.init_state(batch, device, dtype), b.mlp.init_state(batch, device, dtype)) for b in self._blocks()],
             "pos": 0,
         }
 
@@ -197,10 +203,13 @@ class LM(nn.Module):
         matmul = sum(p.numel() for n, p in self.named_parameters() if p.dim() >= 2 and not n.startswith(("embed", "abs_pos")))
         if self.cfg.tie_embeddings:
             matmul += self.embed.weight.numel()
-        return 2.0 * matmul + sum(b.mixer.flops_per_token(seq_len) for b in self.blocks)
+        return 2.0 * matmul + sum(b.mixer.flops_per_token(seq_len) for b in self._blocks())
 
     def state_size(self, seq_len: int) -> int:
-        return sum(b.mixer.state_size(seq_len) + b.mlp.state_size(seq_len) for b in self.blocks)
+        return sum(b.mixer.state_size(seq_len) + b.mlp.state_size(seq_len) for b in self._blocks())
+
+    def _blocks(self) -> Iterable[Block]:
+        return cast("Iterable[Block]", self.blocks)  # nn.ModuleList types its items as Module
 
 
 def build_model(model_cfg: ModelConfig, vocab_size: int | None = None) -> LM:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -19,6 +20,9 @@ from torch import nn
 from .config import RunConfig, load_experiment
 from .cooldown import total_branch_steps
 from .config_base import ConfigError
+
+if TYPE_CHECKING:
+    from .mixers.base import Mixer
 
 # dense bf16 peak (TFLOP/s, no sparsity) and memory (GiB) per GPU
 GPUS: dict[str, dict[str, float]] = {
@@ -64,7 +68,7 @@ def _vocab(rc: RunConfig) -> tuple[int, str]:
     return rc.model.vocab_size, "default (tokenizer file not found)"
 
 
-def _chunk_state_bytes(mixer: nn.Module, seq_len: int) -> float:
+def _chunk_state_bytes(mixer: Mixer, seq_len: int) -> float:
     """Per token: a mixer with a constant-size recurrent state keeps one state per chunk of its
     chunked training form for the backward pass (state_size is fp32 bytes per sequence)."""
     s = mixer.state_size(seq_len)
@@ -119,7 +123,7 @@ def plan_run(rc: RunConfig, gpus: int = 8, gpu: str = "H100-80GB", mfu: float = 
     if not 0 < mfu <= 1:
         raise ConfigError(f"--mfu: must be in (0, 1], got {mfu}")
     gpu_name, spec = gpu_spec(gpu)
-    parallel = parallel or getattr(rc.train, "parallel", "ddp")
+    parallel = parallel or rc.train.parallel
     vocab, vocab_source = _vocab(rc)
     with torch.device("meta"):
         model = LM(rc.model.model_copy(update={"vocab_size": vocab}))
@@ -175,12 +179,13 @@ def plan_experiment(path: str | Path, overrides: list[str] | None = None, gpus: 
     two phases, each row tagged with its ``phase``: the tuning runs (every value on the tuning seeds), then
     the comparison runs, sized at the first value of the tuning grid until the tuning has chosen."""
     exp = load_experiment(path, overrides)
+    phases: list[tuple[str | None, list[RunConfig]]]
     if exp.tune is None:
         phases = [(None, exp.resolve())]
     else:
         first = {name: points[0][0] for name, points in exp.tuning_grid().items()}
         phases = [("tuning", exp.resolve()), ("comparison", exp.resolve(exp.comparison_configs(first)))]
-    out = []
+    out: list[dict] = []
     for phase, runs in phases:
         rows: dict[str, dict] = {}
         for rc in runs:

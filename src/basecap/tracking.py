@@ -115,7 +115,7 @@ def open_loggers(names: Iterable[str], run_dir: str | Path, *, project: str, nam
     if not enabled:
         return Tracker()
     run_dir, history = Path(run_dir), list(history)
-    sinks = []
+    sinks: list[TensorBoardSink | WandbSink] = []
     if "tensorboard" in names:
         sinks.append(TensorBoardSink(run_dir, config=config, history=history))
     if "wandb" in names:
@@ -179,7 +179,8 @@ class WandbSink:
         self.held = max_wandb_step(run_dir, self.id)
         with _env_default(WANDB_CACHE_DIR=str(run_dir / WANDB_DIR / "cache")):
             self.run = wandb.init(project=state["project"], name=state["name"], group=state["group"], id=self.id,
-                                  resume="allow", dir=str(run_dir), mode=mode or os.environ.get("WANDB_MODE") or "offline",
+                                  resume="allow", dir=str(run_dir),
+                                  mode=mode or os.environ.get("WANDB_MODE") or "offline",  # type: ignore[arg-type]  # wandb checks it
                                   config=config if self.held == 0 else None, job_type="train")
         # an online run also knows the step the server holds (next step to log, once resumed)
         self.held = max(self.held, (getattr(self.run, "starting_step", 0) or 0) - 1)
@@ -248,7 +249,7 @@ def read_wandb_file(path: str | Path) -> dict[str, Any]:
 
     run_id, history = None, []
     for raw in _wandb_log_records(Path(path)):
-        rec = wandb_internal_pb2.Record()
+        rec = wandb_internal_pb2.Record()  # type: ignore[attr-defined]  # a generated protobuf module: its classes are made at import
         rec.ParseFromString(raw)
         kind = rec.WhichOneof("record_type")
         if kind == "run":

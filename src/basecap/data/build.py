@@ -22,7 +22,7 @@ import time
 from collections import Counter
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 
@@ -268,8 +268,8 @@ def _write_domains(out: Path, selected: dict, dup: Counter, keys: dict, units: d
     with open(out / "documents.tsv", "w", encoding="utf-8") as tsv:
         tsv.write("domain\tsplit\tdigest\tbytes\ttokens\tsource\torigin\n")
         for d, items in selected.items():
-            info = {"role": recipe.domains[d].role, "description": recipe.domains[d].description,
-                    "duplicates_removed": dup[d], "splits": {}}
+            info: dict[str, Any] = {"role": recipe.domains[d].role, "description": recipe.domains[d].description,
+                                    "duplicates_removed": dup[d], "splits": {}}
             info["splits"] = _write_shards(out, d, items, keys[d], units[d], folder, recipe, log, tsv)
             info["documents"] = len(items)
             info["bytes"] = sum(n for _, n, _ in items)
@@ -283,7 +283,7 @@ def _write_domains(out: Path, selected: dict, dup: Counter, keys: dict, units: d
 def _source_entries(prepared: list[PreparedSource], selected: dict) -> list[dict]:
     """The manifest's ``sources``: what each source is, what was read from it and how much was selected."""
     selected_by_source = Counter(rec.source for items in selected.values() for _, _, rec in items)
-    selected_bytes = Counter()
+    selected_bytes: Counter = Counter()
     for items in selected.values():
         for _, n, rec in items:
             selected_bytes[rec.source] += n
@@ -315,11 +315,12 @@ def _tokenizer(out: Path, work: Path, recipe: RecipeConfig, selected: dict, spoo
     tcfg = recipe.tokenizer
     if not isinstance(tcfg, BPETokenizerConfig):
         shutil.copyfile(tcfg.path, out / "tokenizer.json")
-        info = {"kind": "file", "source_path": str(tcfg.path)}
+        info: dict[str, Any] = {"kind": "file", "source_path": str(tcfg.path)}
         eot_token = tcfg.eot_token
     else:
         cut = recipe.splits.validation + recipe.splits.test
-        spans, sample_bytes = {}, {}  # per domain: the first documents' (offset, bytes), the last one cut
+        spans: dict[str, list] = {}  # per domain: the first documents' (offset, bytes), the last one cut
+        sample_bytes: dict[str, int] = {}
         for d, items in selected.items():
             if tcfg.train_domains is not None and d not in tcfg.train_domains:
                 continue  # the control: a BPE that has seen only the training domains
@@ -360,9 +361,9 @@ def _write_shards(out: Path, d: str, items: list, keys: np.ndarray, units: list,
     for u in units:
         ntok[list(u.docs)] = load_unit_lengths(folder / u.file)  # the splits need counts only
     split = _assign_splits(keys, ntok, recipe)
-    files = {name: open(out / "tokens" / f"{d}.{name}.bin", "wb") for name in SPLITS}
+    files = {name: open(out / "tokens" / f"{d}.{name}.bin", "wb") for name in SPLITS}  # noqa: SIM115 - closed in the finally below
     hashes = {name: hashlib.sha256() for name in SPLITS}
-    rows = {name: [] for name in SPLITS}
+    rows: dict[str, list] = {name: [] for name in SPLITS}
     try:
         for u in units:
             tokens, lengths = load_unit(folder / u.file)

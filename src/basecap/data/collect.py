@@ -14,8 +14,9 @@ import shutil
 import sys
 import time
 from collections import Counter, defaultdict
+from functools import partial
 from pathlib import Path
-from typing import BinaryIO, NamedTuple
+from typing import Any, BinaryIO, NamedTuple
 
 import numpy as np
 
@@ -36,7 +37,7 @@ class BottomK:
 
     def __init__(self, cap: int | None):
         self.cap, self.total = cap, 0
-        self.heap: list[tuple[int, int, bytes, object]] = []  # (-key, bytes, digest, item): max-heap
+        self.heap: list[tuple[int, int, bytes, Any]] = []  # (-key, bytes, digest, item): max-heap
 
     def admits(self, digest: bytes) -> bool:
         """Whether ``add`` keeps this document now: a caller writes out only texts that are kept."""
@@ -51,7 +52,7 @@ class BottomK:
         while self.cap is not None and self.total - self.heap[0][1] >= self.cap:
             self.total -= heapq.heappop(self.heap)[1]
 
-    def items(self) -> list[tuple[bytes, int, object]]:
+    def items(self) -> list[tuple[bytes, int, Any]]:
         return [(d, n, item) for _, n, d, item in sorted(self.heap, key=lambda x: x[2])]
 
 
@@ -108,7 +109,7 @@ def collect(recipe: RecipeConfig, prepared: list[PreparedSource], log, progress:
     from tqdm.auto import tqdm
 
     seen: set[bytes] = set()
-    dup = Counter()
+    dup: Counter = Counter()
     domain_sel = {d: BottomK(cfg.max_bytes) for d, cfg in recipe.domains.items()}
     try:
         for prep in prepared:
@@ -119,7 +120,7 @@ def collect(recipe: RecipeConfig, prepared: list[PreparedSource], log, progress:
             # since a selection does not depend on the order it sees documents in), so the spool holds
             # about what the domain caps keep instead of everything the source has
             cap = prep.config.max_bytes
-            per_domain: dict[str, BottomK] = defaultdict(lambda cap=cap: BottomK(cap)) if cap else domain_sel
+            per_domain: dict[str, BottomK] = defaultdict(partial(BottomK, cap)) if cap else domain_sel
             bar = tqdm(total=len(prep.files), unit="file", desc=f"reading {prep.id}", file=sys.stderr, leave=False,
                        disable=True if len(prep.files) < 2 else None if progress is None else not progress)
             for doc in read_source(prep):
@@ -159,7 +160,7 @@ def save_collected(path: Path, selected: dict, dup: Counter, prepared: list[Prep
     index = {sid: i for i, sid in enumerate(sources)}
     meta = {"domains": list(selected), "sources": sources, "dup": dict(dup),
             "stats": {p.id: [dict(p.stats), dict(p.unmapped)] for p in prepared if p.status == "ok"}}
-    arrays = {"meta": np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)}
+    arrays: dict[str, Any] = {"meta": np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)}
     for i, items in enumerate(selected.values()):
         arrays[f"digest{i}"] = np.frombuffer(b"".join(d for d, _, _ in items), dtype=np.uint8).reshape(len(items), 32)
         arrays[f"bytes{i}"] = np.array([n for _, n, _ in items], dtype=np.int64)

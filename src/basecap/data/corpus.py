@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -33,7 +34,7 @@ class Corpus:
         self.vocab_size: int = self.manifest["tokenizer"]["vocab_size"]
         self.eot_id: int = self.manifest["tokenizer"]["eot_id"]
         self.dtype = np.dtype(self.manifest["dtype"])
-        self._tokenizer = None
+        self._tokenizer: Any = None  # a tokenizers.Tokenizer, loaded on first use
         self._shards: dict[tuple[str, str], np.ndarray] = {}
         self._token_bytes: np.ndarray | None = None
         if check_sizes:

@@ -69,8 +69,7 @@ class TrainBatches:
             raise ValueError(f"step must be >= 0, got {step}")
         dom, start = self.windows(step)
         T = self.seq_len
-        w = np.stack([np.asarray(self.shards[d][s : s + T + 1], dtype=np.int64) for d, s in zip(dom, start)])
-        w = torch.from_numpy(w)
+        w = torch.from_numpy(np.stack([np.asarray(self.shards[d][s : s + T + 1], dtype=np.int64) for d, s in zip(dom, start)]))
         return w[:, :-1], w[:, 1:]
 
 
@@ -106,6 +105,5 @@ def eval_batches(corpus: Corpus, domain: str, split: str = "validation", seq_len
     tokens = corpus.tokens(domain, split)
     starts = eval_windows(corpus, domain, split, seq_len, max_tokens)
     for b in range(0, len(starts), batch_size):
-        w = np.stack([np.asarray(tokens[s : s + seq_len + 1], dtype=np.int64) for s in starts[b : b + batch_size]])
-        w = torch.from_numpy(w)
+        w = torch.from_numpy(np.stack([np.asarray(tokens[s : s + seq_len + 1], dtype=np.int64) for s in starts[b : b + batch_size]]))
         yield w[:, :-1], w[:, 1:]

@@ -234,7 +234,7 @@ class RecipeConfig(Strict):
         return self
 
 
-def source_id(src: _SourceBase, index: int) -> str:
+def source_id(src: Source, index: int) -> str:
     if src.name:
         return src.name
     label = getattr(src, "package", None) or src.kind

@@ -15,6 +15,7 @@ import warnings
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from .text import CLEANERS, Doc, decode_utf8, normalize_text
 
@@ -36,7 +37,7 @@ class MalformedRecordWarning(UserWarning):
 @dataclass
 class PreparedSource:
     id: str
-    config: object
+    config: Any  # the recipe's source model (data.recipe.Source); its fields depend on the kind
     status: str  # "ok" or "skipped"
     reason: str = ""
     fingerprint: str = ""
@@ -94,6 +95,7 @@ def make_doc(prep: PreparedSource, domain: str, raw: bytes | None, origin: str,
     None when nothing but whitespace is left."""
     if raw is not None:
         text, bad = decode_utf8(raw)
+    assert text is not None, "make_doc needs raw bytes or a text"
     text = CLEANERS[prep.config.clean](normalize_text(text))
     prep.stats["records"] += 1
     if bad:

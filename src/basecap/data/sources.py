@@ -19,6 +19,7 @@ import tarfile
 import warnings
 import zipfile
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -186,19 +187,22 @@ def _archive_members(path: Path) -> Iterator[tuple[str, Callable[[], bytes]]]:
     """
     cap = LIMITS.member_bytes
 
-    def read_zip(zf, name):
+    def read_zip(zf, name) -> bytes:
         with zf.open(name) as f:
             return _read_capped(f, cap, f"{path.name}:{name}")
+
+    def read_tar(tf, m) -> bytes:
+        return _read_capped(tf.extractfile(m), cap, f"{path.name}:{m.name}")
 
     if path.name.endswith(".zip"):
         with zipfile.ZipFile(path) as zf:
             for name in (n for n in zf.namelist() if not n.endswith("/")):
-                yield name.split("/", 1)[-1], (lambda n=name: read_zip(zf, n))
+                yield name.split("/", 1)[-1], partial(read_zip, zf, name)
         return
     with tarfile.open(path, "r|*") as tf:
         for m in tf:
             if m.isfile():
-                yield m.name.split("/", 1)[-1], (lambda m=m: _read_capped(tf.extractfile(m), cap, f"{path.name}:{m.name}"))
+                yield m.name.split("/", 1)[-1], partial(read_tar, tf, m)
 
 
 def _chunks(path: Path, size: int = 1 << 20) -> Iterator[bytes]:
@@ -330,6 +334,7 @@ def read_source(prep: PreparedSource) -> Iterator[Doc]:
         from pydoc_data.topics import topics
 
         prep.stats["files"] += 1
+        assert src.domain is not None  # the recipe requires one for every source without a domain_map
         for name in sorted(topics):
             doc = make_doc(prep, src.domain, None, f"topics:{name}", topics[name], 0)
             if doc is not None:
@@ -351,6 +356,7 @@ def read_source(prep: PreparedSource) -> Iterator[Doc]:
             if doc is not None:
                 yield doc
     else:
+        assert prep.archive is not None  # a package source's members come from its fetched archive
         for name, read in _archive_members(prep.archive):
             if not glob_match(name, src.include) or glob_match(name, src.exclude):
                 continue

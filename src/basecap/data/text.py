@@ -22,7 +22,7 @@ def _count_and_replace(err: UnicodeDecodeError) -> tuple[str, int]:
     return "\ufffd", err.end
 
 
-codecs.register_error("basecap_count_replace", _count_and_replace)
+codecs.register_error("basecap_count_replace", _count_and_replace)  # type: ignore[arg-type]  # used for decoding only
 
 
 def decode_utf8(raw: bytes) -> tuple[str, int]:

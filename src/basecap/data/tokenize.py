@@ -78,10 +78,12 @@ def read_spans(path: str | os.PathLike, spans: Sequence[tuple[int, int]]) -> lis
     return out
 
 
-def plan_units(group: str, digests: Sequence[bytes], nbytes: Sequence[int], order: Sequence[int],
+def plan_units(group: str, digests: Sequence[bytes], nbytes: Sequence[int], order: Sequence[int] | np.ndarray,
                tokenizer_sha: str, unit_bytes: int) -> list[Unit]:
     """Consecutive documents of ``order`` in units that close once they hold ``unit_bytes`` of text."""
-    units, cur, size = [], [], 0
+    units: list[Unit] = []
+    cur: list[int] = []
+    size = 0
 
     def close():
         h = hashlib.sha256(tokenizer_sha.encode())
@@ -104,7 +106,7 @@ def encode_texts(tok, texts: Sequence[str] | FileTexts, eot_id: int, dtype) -> t
     """(every text's ids followed by ``eot_id``, flat; ids per text without the separator)."""
     sep = np.array([eot_id], dtype=dtype)
     lengths = np.empty(len(texts), dtype=np.int64)
-    parts = []
+    parts: list[np.ndarray] = []
     for i, t in enumerate(texts):
         ids = np.asarray(tok.encode(t, add_special_tokens=False).ids, dtype=dtype)  # single-threaded
         lengths[i] = ids.size

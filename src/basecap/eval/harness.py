@@ -69,15 +69,18 @@ class BasecapLM(TemplateLM):
         self.model = subject.model.eval()
         self.tokenizer = subject.tokenizer
         self.batch_size = int(batch_size) if str(batch_size).isdigit() else 8
-        self.max_length = int(max_length or subject.seq_len)
-        if subject.max_positions() is not None:
-            self.max_length = min(self.max_length, subject.max_positions())
+        self.max_length = int(max_length or subject.seq_len or subject.model.cfg.max_seq_len)
+        max_positions = subject.max_positions()
+        if max_positions is not None:
+            self.max_length = min(self.max_length, max_positions)
         self.max_gen_toks = int(max_gen_toks)
         self._device = subject.device
 
     # ---- tokenisation ------------------------------------------------------------------
     @property
     def eot_token_id(self) -> int:
+        if self.subject.eot_id is None:
+            raise ConfigError(f"{self.subject.name}: no end-of-text id (a subject without a corpus needs eot_id)")
         return self.subject.eot_id
 
     @property
@@ -247,7 +250,7 @@ def write_corpus_tasks(subject: Subject, dest: str | Path | None = None, n_docs:
         _write_if_changed(dest / f"ppl_{d}.jsonl", lines)
         task = _task_template("basecap_ppl").substitute(domain=d, path=_quoted_path(dest / f"ppl_{d}.jsonl"))
         _write_if_changed(dest / f"basecap_ppl_{d}.yaml", task)
-    recs = builtin_extraction(subject, n_extraction, seed, max(32, subject.seq_len // 2), None, split, 2, 4)
+    recs = builtin_extraction(subject, n_extraction, seed, max(32, (subject.seq_len or subject.model.cfg.max_seq_len) // 2), None, split, 2, 4)
     lines = "".join(json.dumps({k: r[k] for k in ("context", "question", "answers")}) + "\n" for r in recs)
     _write_if_changed(dest / "extraction.jsonl", lines)
     task = _task_template("basecap_extraction").substitute(path=_quoted_path(dest / "extraction.jsonl"))
@@ -265,7 +268,8 @@ def _dataset_of(manager, name: str, seen=None) -> list[tuple[str, str | None, ob
     cfg = (entry.cfg if entry is not None else None) or {}
     if "dataset_path" in cfg:
         return [(cfg["dataset_path"], cfg.get("dataset_name"), (cfg.get("dataset_kwargs") or {}).get("data_files"))]
-    subs = cfg.get("task") if isinstance(cfg.get("task"), list) else []
+    task = cfg.get("task")
+    subs: list = task if isinstance(task, list) else []
     if entry is not None and not subs:
         subs = [n for n, e in manager.task_index.items() if name in getattr(e, "tags", set())]
     out = []
@@ -311,7 +315,7 @@ def check_datasets(tm, tasks: list[str]) -> None:
                 + "See docs/evaluation.md.") from e
 
 
-def run_lm_eval(run_dir, tasks: list[str], num_fewshot: int | None = None, limit: int | float | None = None,
+def run_lm_eval(run_dir, tasks: list[str] | str, num_fewshot: int | None = None, limit: int | float | None = None,
                 batch_size: int = 8, include_path=None, seed: int = 1234, bootstrap_iters: int = 1000,
                 max_length: int | None = None, log_samples: bool = False) -> dict:
     """Evaluate a run (directory or ``Subject``) on lm-eval tasks; returns ``{"results", "n_samples",

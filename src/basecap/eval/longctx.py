@@ -167,7 +167,7 @@ def extrapolation_suite(subject, out_dir: Path, factor: float = 4.0, length: int
                           f"it cannot read {T}-token windows")
     bucket = int(bucket or max(1, subject.seq_len // 4))
     domains = list(domains or subject.corpus.domains)
-    out = {}
+    out: dict[str, dict] = {}
     for d in domains:
         toks = subject.corpus.tokens(d, split)
         n = min(windows, (len(toks) - 1) // (T + 1))

@@ -67,7 +67,7 @@ class DomainEvaluator:
             from ..data.baselines import train_token_counts
 
             counts = train_token_counts(corpus, [d for d, w in train_weights.items() if w > 0])
-            self.strata = target_strata(sum(counts.values()), seen_min_count)
+            self.strata = target_strata(sum(counts.values(), torch.zeros(corpus.vocab_size, dtype=torch.int64).numpy()), seen_min_count)
 
     @torch.no_grad()
     def evaluate(self, model, device="cpu", autocast=None) -> dict[str, dict]:

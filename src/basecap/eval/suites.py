@@ -17,12 +17,15 @@ import inspect
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ..config_base import ConfigError
 from ..rundir import suite_file, write_json
+
+if TYPE_CHECKING:
+    from ..model import LM
 
 # the registry: suite name -> "module:function" in this package, imported only when the suite runs
 _RUNNERS = {
@@ -44,7 +47,7 @@ def suite_names() -> list[str]:
 class Subject:
     """What a suite evaluates: a model, its tokenizer and (optionally) its corpus and run."""
 
-    model: torch.nn.Module
+    model: LM
     tokenizer: Any = None  # tokenizers.Tokenizer
     eot_id: int | None = None
     corpus: Any = None

@@ -12,7 +12,7 @@ import inspect
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from transformers import GenerationMixin, PretrainedConfig, PreTrainedModel
@@ -93,7 +93,7 @@ if CACHE_NAME == "cache":
         cache: BasecapCache | None = None
 else:
     @dataclass
-    class BasecapCausalLMOutput(ModelOutput):
+    class BasecapCausalLMOutput(ModelOutput):  # type: ignore[no-redef]  # the cache field's name depends on the version
         loss: torch.FloatTensor | None = None
         logits: torch.FloatTensor | None = None
         past_key_values: BasecapCache | None = None
@@ -129,7 +129,7 @@ class BasecapForCausalLM(PreTrainedModel, GenerationMixin):
         """Strict: weights that do not match this basecap version's model are an error (transformers would
         otherwise initialise the missing ones at random and carry on)."""
         want_info = kwargs.pop("output_loading_info", False)
-        model, info = super().from_pretrained(*args, output_loading_info=True, **kwargs)
+        model, info = cast(tuple[Any, dict], super().from_pretrained(*args, output_loading_info=True, **kwargs))  # with loading info
         bad = {k: sorted(map(str, v)) for k, v in info.items() if k in ("missing_keys", "unexpected_keys", "mismatched_keys") and v}
         if bad:
             where = Path(str(args[0] if args else kwargs.get("pretrained_model_name_or_path", ""))) / "basecap_export.json"

@@ -52,7 +52,7 @@ def fla_import_error() -> str | None:
     """``None`` if fla's Triton kernels import, else why not. Checked once per process."""
     try:
         import fla
-        import fla.ops  # noqa: F401  (imports Triton and every kernel module)
+        import fla.ops  # imports Triton and every kernel module
     except (ImportError, RuntimeError) as e:  # not installed; Triton without a usable driver raises RuntimeError
         return f"{type(e).__name__}: {e}"
     version = getattr(fla, "__version__", "unknown")
@@ -133,9 +133,11 @@ def ssd(X: Tensor, log_a: Tensor, Bm: Tensor, Cm: Tensor, h0: Tensor | None = No
     """Drop-in for ``ops.ssm.ssd_chunked``; the final state is returned only when ``h0`` is given.
     ``op``: the function called with fla's arguments (default fla's kernel; tests pass fla's reference)."""
     if op is None:
-        from fla.ops.simple_gla import chunk_simple_gla as op
+        from fla.ops.simple_gla import chunk_simple_gla
+
+        op = chunk_simple_gla
     y, h = op(**ssd_inputs(X, log_a, Bm, Cm, h0))
-    return y.to(X.dtype), (None if h is None else h.transpose(-1, -2).to(h0.dtype))
+    return y.to(X.dtype), (None if h is None or h0 is None else h.transpose(-1, -2).to(h0.dtype))
 
 
 # ---- DeltaNet / Gated DeltaNet ----------------------------------------------------------------------
@@ -167,9 +169,13 @@ def delta_rule(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor | None =
     """Drop-in for ``ops.delta_rule.delta_rule_chunked`` (default scale); returns ``o [B,H,T,V]`` and
     the final state (only when ``state`` is given). ``op`` as in :func:`ssd`."""
     if op is None and g is None:
-        from fla.ops.delta_rule import chunk_delta_rule as op
+        from fla.ops.delta_rule import chunk_delta_rule
+
+        op = chunk_delta_rule
     elif op is None:
-        from fla.ops.gated_delta_rule import chunk_gated_delta_rule as op
+        from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+
+        op = chunk_gated_delta_rule
     o, S = op(**delta_rule_inputs(q, k, v, beta, g, state))
     return o.transpose(1, 2).to(v.dtype), S
 
@@ -193,7 +199,9 @@ def wkv6(r: Tensor, k: Tensor, v: Tensor, log_w: Tensor, u: Tensor, state: Tenso
     """Drop-in for ``ops.wkv.wkv6_chunked``: ``y [B,T,H,V]`` and the final state (when ``state`` is
     given). ``op`` as in :func:`ssd`."""
     if op is None:
-        from fla.ops.rwkv6 import chunk_rwkv6 as op
+        from fla.ops.rwkv6 import chunk_rwkv6
+
+        op = chunk_rwkv6
     y, S = op(**wkv6_inputs(r, k, v, log_w, u, state))
     return y.to(v.dtype), S
 
@@ -223,7 +231,9 @@ def wkv7(r: Tensor, log_w: Tensor, k: Tensor, v: Tensor, a: Tensor, b: Tensor, s
     """Drop-in for ``ops.wkv.wkv7_chunked``: ``y [B,T,H,V]`` and the final state (when ``state`` is
     given). ``op`` as in :func:`ssd`."""
     if op is None:
-        from fla.ops.rwkv7 import chunk_rwkv7 as op
+        from fla.ops.rwkv7 import chunk_rwkv7
+
+        op = chunk_rwkv7
     y, S = op(**wkv7_inputs(r, log_w, k, v, a, b, state))
     return y.to(v.dtype), S
 
@@ -250,5 +260,7 @@ def based_inputs(q: Tensor, k: Tensor, v: Tensor) -> dict:
 def based_linear(q: Tensor, k: Tensor, v: Tensor, *, op=None) -> Tensor:
     """Normalised Taylor linear attention, ``o [B,H,T,V]``; no state in or out. ``op`` as in :func:`ssd`."""
     if op is None:
-        from fla.ops.based import parallel_based as op
+        from fla.ops.based import parallel_based
+
+        op = parallel_based
     return op(**based_inputs(q, k, v)).transpose(1, 2).to(v.dtype)

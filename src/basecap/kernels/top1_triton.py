@@ -29,7 +29,7 @@ NO_ROW = -1
 
 
 @triton.jit
-def _tile_fwd(Q, K, V, O, LSE, ROW, ITEM, POS, GROUP, scale, Tk, n_chunks, H,
+def _tile_fwd(Q, K, V, O, LSE, ROW, ITEM, POS, GROUP, scale, Tk, n_chunks, H,  # noqa: E741 - the kernel's pointer names (Q, K, V, O)
               sk_b, sk_h, sk_t, sv_b, sv_h, sv_t,
               C: tl.constexpr, D: tl.constexpr, BQ: tl.constexpr, BK: tl.constexpr, BD: tl.constexpr, PREC: tl.constexpr):
     tile = tl.program_id(0)

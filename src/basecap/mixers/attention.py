@@ -12,7 +12,7 @@ score table per head), and a softmax ``temperature`` (scores are divided by it).
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import Literal, cast
 
 import torch
 import torch.nn.functional as F
@@ -60,6 +60,8 @@ def alibi_slopes(n_heads: int) -> torch.Tensor:
 
 class Attention(Mixer):
     config_class = AttentionConfig
+    cfg: AttentionConfig
+    slopes: torch.Tensor  # ALiBi's buffer (position "alibi" only)
     impls = ("ref", "fast")
     test_variants = [{"head_dim": 8, **switches} for switches in (
         {}, {"position": "absolute"}, {"position": "none", "temperature": 0.5}, {"position": "alibi"}, {"window": 5},
@@ -83,8 +85,8 @@ class Attention(Mixer):
             q, k = rope_qk(q, k, offset, self.cfg.rope_theta)
         return q, k, v
 
-    def _bias(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor | None:
-        """Additive score bias [H or 1, Tq, Tk] (mask, ALiBi, random table); None = plain causal."""
+    def _bias(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
+        """Additive score bias [H or 1, Tq, Tk] (causal or window mask, ALiBi)."""
         cfg = self.cfg
         rel = q_pos[:, None] - k_pos[None, :]  # [Tq, Tk]
         visible = rel >= 0
@@ -155,8 +157,8 @@ class Attention(Mixer):
         q, k, v = self._qkv(x, offset)
         new_state = None
         if state is not None:
-            k_all = torch.cat([state["k"], k], dim=2)
-            v_all = torch.cat([state["v"], v], dim=2)
+            k_all = torch.cat([cast(torch.Tensor, state["k"]), k], dim=2)
+            v_all = torch.cat([cast(torch.Tensor, state["v"]), v], dim=2)
             start = int(state["start"])  # absolute position of the first cached key
         else:
             k_all, v_all, start = k, v, 0

@@ -116,6 +116,7 @@ def window_attention_blocked(q, k, v, window: int, k_prev=None, v_prev=None) -> 
 
 class Based(Mixer):
     config_class = BasedConfig
+    cfg: BasedConfig
     impls = ("ref", "chunked")
     test_variants = [
         {"n_heads": 4, "feature_dim": 4, "head_dim": 8, "window": 5},
@@ -159,7 +160,7 @@ class Based(Mixer):
             o = based_linear(q, k, v)
         else:
             v1 = torch.cat([v, torch.ones_like(v[..., :1])], dim=-1)  # last column -> normaliser
-            S0 = None if state is None else torch.cat([kv0, z0[..., None]], dim=-1)
+            S0 = None if kv0 is None or z0 is None else torch.cat([kv0, z0[..., None]], dim=-1)
             o, S = taylor_linear_attn_chunked(q, k, v1, self.cfg.chunk_size, S0)
             o, kv, z = o[..., :V] / (o[..., V:] + self.cfg.eps), S[..., :V], S[..., V]
         if state is not None:

@@ -44,6 +44,7 @@ class DeltaNetConfig(MixerConfig):
 
 class DeltaNet(DeltaRuleState, Mixer):
     config_class = DeltaNetConfig
+    cfg: DeltaNetConfig
     impls = ("ref", "chunked")
     test_variants = [{"head_dim": 8}, {"head_dim": 8, "short_conv": False}]
     fast_kernels = "fla"

@@ -57,6 +57,7 @@ class GatedDeltaNetConfig(MixerConfig):
 
 class GatedDeltaNet(DeltaRuleState, Mixer):
     config_class = GatedDeltaNetConfig
+    cfg: GatedDeltaNetConfig
     impls = ("ref", "chunked")
     test_variants = [{"n_heads": 2, "head_dim": 8}, {"n_heads": 2, "head_dim": 8, "short_conv": False}]
     fast_kernels = "fla"

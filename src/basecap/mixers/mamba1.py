@@ -57,6 +57,7 @@ class Mamba1Config(MixerConfig):
 
 class Mamba1(Mixer):
     config_class = Mamba1Config
+    cfg: Mamba1Config
     impls = ("ref", "chunked")
     # every switch value once; short_conv=false on the no-decay variant, as the paper ablates it
     test_variants = [{"d_state": 4, **switches} for switches in (

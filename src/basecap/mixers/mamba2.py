@@ -22,7 +22,7 @@ docs/mixers/mamba.md.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, cast
 
 import torch
 import torch.nn.functional as F
@@ -64,6 +64,7 @@ class Mamba2Config(MixerConfig):
 
 class Mamba2(Mixer):
     config_class = Mamba2Config
+    cfg: Mamba2Config
     impls = ("ref", "chunked")
     # every switch value once (out_norm=false with the shared decay); short_conv=false on the no-decay
     # variant, as the paper ablates it
@@ -103,7 +104,7 @@ class Mamba2(Mixer):
         else:
             log_a = dt.new_zeros(Bsz, T, H)
         X = xs * dt[..., None]  # [B,T,H,P]
-        h0 = None if state is None else state["ssm"]
+        h0 = None if state is None else cast(torch.Tensor, state["ssm"])
         impl = self.resolve_impl(x)
         if impl == "ref":
             y, h = ssd_ref(X, log_a, Bm, Cm, h0)

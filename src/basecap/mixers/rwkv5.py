@@ -16,7 +16,7 @@ recurrence, "chunked" (= "auto") the chunked form in ``basecap.ops.wkv``.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, cast
 
 import torch
 import torch.nn.functional as F
@@ -39,6 +39,7 @@ class RWKV5Config(RWKVConfig):
 
 class RWKV5(RWKVTimeMixing, Mixer):
     config_class = RWKV5Config
+    cfg: RWKV5Config
     impls = ("ref", "chunked")
     test_variants = [{"head_dim": 8}]
 
@@ -63,7 +64,7 @@ class RWKV5(RWKVTimeMixing, Mixer):
     def forward(self, x: torch.Tensor, state: State | None = None):
         B, T, D = x.shape
         H, K = self.n_heads, self.head_dim
-        prev, last = token_shift(x, None if state is None else state["shift"])
+        prev, last = token_shift(x, None if state is None else cast(torch.Tensor, state["shift"]))
         r = self.r_proj(torch.lerp(prev, x, self.mix_r)).view(B, T, H, K)
         k = self.k_proj(torch.lerp(prev, x, self.mix_k)).view(B, T, H, K)
         v = self.v_proj(torch.lerp(prev, x, self.mix_v)).view(B, T, H, K)

@@ -17,7 +17,7 @@ step-by-step recurrence, "chunked" the chunked form in ``basecap.ops.wkv``, "fas
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, cast
 
 import torch
 import torch.nn.functional as F
@@ -42,6 +42,7 @@ class RWKV6Config(RWKVConfig):
 
 class RWKV6(RWKVTimeMixing, Mixer):
     config_class = RWKV6Config
+    cfg: RWKV6Config
     impls = ("ref", "chunked")
     test_variants = [{"head_dim": 8, "mix_lora_rank": 4, "decay_lora_rank": 8}]
     fast_kernels = "fla"
@@ -77,7 +78,7 @@ class RWKV6(RWKVTimeMixing, Mixer):
     def forward(self, x: torch.Tensor, state: State | None = None):
         B, T, D = x.shape
         H, K, R = self.n_heads, self.head_dim, self.cfg.mix_lora_rank
-        prev, last = token_shift(x, None if state is None else state["shift"])
+        prev, last = token_shift(x, None if state is None else cast(torch.Tensor, state["shift"]))
         xx = prev - x
         lora = torch.tanh((x + xx * self.mix_x) @ self.mix_lora_a).view(B, T, 5, R)
         mixes = torch.einsum("btfr,frd->fbtd", lora, self.mix_lora_b) + self.mix[:, None, None]  # [5, B, T, D]

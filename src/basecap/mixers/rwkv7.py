@@ -22,7 +22,7 @@ fla imports, else "chunked".
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import Literal, cast
 
 import torch
 import torch.nn.functional as F
@@ -51,6 +51,7 @@ class RWKV7Config(RWKVConfig):
 
 class RWKV7(RWKVTimeMixing, Mixer):
     config_class = RWKV7Config
+    cfg: RWKV7Config
     impls = ("ref", "chunked")
     test_variants = [{"head_dim": 8, "decay_lora_rank": 8, "a_lora_rank": 4, "gate_lora_rank": 8}]
     fast_kernels = "fla"
@@ -88,7 +89,7 @@ class RWKV7(RWKVTimeMixing, Mixer):
     def forward(self, x: torch.Tensor, state: State | None = None):
         B, T, D = x.shape
         H, K = self.n_heads, self.head_dim
-        prev, last = token_shift(x, None if state is None else state["shift"])
+        prev, last = token_shift(x, None if state is None else cast(torch.Tensor, state["shift"]))
         xx = prev - x
         xr, xw, xk, xv, xa, xg = (x + xx * m for m in self.mix.unbind(0))
         r = self.r_proj(xr)

@@ -22,6 +22,7 @@ from torch import nn
 
 from ..config_base import Strict
 from ..ops.wkv import depth_ratios, orthogonal_init_, token_shift
+from .kit.recurrent import keep_init
 
 
 class RWKVChannelMixConfig(Strict):
@@ -53,8 +54,7 @@ class RWKVChannelMix(nn.Module):
             self.receptance = nn.Linear(d_model, d_model, bias=False)
             nn.init.zeros_(self.receptance.weight)
             special += [self.mix_r, self.receptance.weight]
-        for p in special:
-            p._no_reinit = True
+        keep_init(*special)
 
     def forward(self, x: torch.Tensor, state=None):
         prev, last = token_shift(x, None if state is None else state["shift"])

@@ -24,7 +24,7 @@ cache plus (Approx) running per-chunk key sums. Equations and costs: docs/top1.m
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from pydantic import Field
@@ -46,6 +46,7 @@ class Top1ChunkConfig(SelectionConfig):
 
 class Top1Chunk(SelectionMixer):
     config_class = Top1ChunkConfig
+    cfg: Top1ChunkConfig
     impls = ("ref", "chunked")
     test_variants = [{"head_dim": 8, "chunk_len": 8, **switches} for switches in (
         {}, {"selection": "approx"}, {"own_chunk": "always"}, {"selection": "approx", "own_chunk": "always"},
@@ -55,7 +56,7 @@ class Top1Chunk(SelectionMixer):
 
     def _settings(self, impl: str, device: torch.device) -> ChunkSettings:
         cfg = self.cfg
-        tiles = {"tile_rows": cfg.chunk_size}
+        tiles: dict[str, Any] = {"tile_rows": cfg.chunk_size}
         if impl == "fast":
             from ..kernels.top1_cuda import tile_settings
 
@@ -86,10 +87,12 @@ class Top1Chunk(SelectionMixer):
         fused = gate and approx and own == "candidate"  # the tile pass carries the gate
         o, lse = attend_selected(q, k, v, sel, q_pos, s, need_lse, gate_t if fused else None)
         if gate and not approx:  # P_sel / stopgrad(P_sel): value 1, gradient d log P_sel
+            assert lse is not None  # need_lse
             gate_t = st_gate(torch.where(sel >= 0, lse - candidate_lse(q, k, cand_lse, q_pos, s), 0.0))
         if own == "always":
             B, H, T, _ = q.shape
             o_own, lse_own = attend_selected(q, k, v, (q_pos // s.chunk_len).expand(B, H, T), q_pos, s, True)
+            assert lse is not None and lse_own is not None  # need_lse
             o = merge_softmax(o, lse, o_own, lse_own)
         if gate and not fused:
             o = o * gate_t[..., None]

@@ -29,6 +29,7 @@ class Top1ElementConfig(SelectionConfig):
 
 class Top1Element(SelectionMixer):
     config_class = Top1ElementConfig
+    cfg: Top1ElementConfig
     impls = ("ref", "chunked")
     test_variants = [{"head_dim": 8, **switches} for switches in (
         {}, {"estimator": "prob_ratio"}, {"position": "none", "temperature": 0.5},

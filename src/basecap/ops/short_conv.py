@@ -58,7 +58,7 @@ class ShortConv(nn.Module):
         super().__init__()
         self.channels, self.kernel_size, self.activation = channels, kernel_size, activation
         self.weight = nn.Parameter(torch.empty(channels, 1, kernel_size))
-        self.weight._no_reinit = True
+        self.weight._no_reinit = True  # type: ignore[attr-defined]  # a flag on the tensor: the backbone's init skips it
         nn.init.kaiming_uniform_(self.weight, a=5**0.5)
 
     def forward(self, x: torch.Tensor, cache: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:

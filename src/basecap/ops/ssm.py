@@ -189,6 +189,7 @@ class _SelectiveScan(torch.autograd.Function):
             if a is None:
                 u[:, 0].add_(h_start)
             else:
+                assert a_scan is not None and coef is not None  # the five buffers come together with At
                 u[:, 0].addcmul_(a[:, 0], h_start)
                 a_scan.copy_(a)
             run_scan(forward_plan)
@@ -197,6 +198,7 @@ class _SelectiveScan(torch.autograd.Function):
             torch.mul(Cm[:, t0:t1, :, None], gy[:, t0:t1, None, :], out=G)
             G[:, -1].add_(carry)
             if a is not None:
+                assert coef is not None
                 coef[:, :-1].copy_(a[:, 1:])
                 coef[:, -1].fill_(1.0)  # never multiplies anything; keep it finite
             run_scan(reverse_plan)
@@ -204,10 +206,12 @@ class _SelectiveScan(torch.autograd.Function):
             gB[:, t0:t1] = (w[:, t0:t1, None, :] @ G.transpose(-1, -2)).squeeze(-2)
             gC[:, t0:t1] = (gy[:, t0:t1, None, :] @ h.transpose(-1, -2)).squeeze(-2)
             if a is not None:
+                assert gAt is not None  # At is given with a
                 glog = torch.mul(G, a, out=a_scan)  # dL/d(log a_t) = G_t h_{t-1} a_t
                 glog[:, 1:].mul_(h[:, :-1])
                 glog[:, 0].mul_(h_start)
                 if g is not None:
+                    assert gg is not None
                     gg[:, t0:t1] = torch.linalg.vecdot(glog, At, dim=2)
                     glog.mul_(g[:, t0:t1, None, :])
                 gAt += glog.sum((0, 1))
@@ -274,11 +278,11 @@ def ssd_chunked(X, log_a, Bm, Cm, h0=None, chunk_size: int = 64):
     # would cost a full-size zero gradient per index)
     chunk_decay = torch.exp(cum[:, :, -1]).repeat_interleave(P, dim=-1)[..., None]  # [B,c,HP,1]
     h = h0.reshape(Bsz, H * P, N) if h0 is not None else X.new_zeros(Bsz, H * P, N)
-    starts = []
+    entering = []
     for decay_c, state_c in zip(chunk_decay.unbind(1), chunk_states.unbind(1)):
-        starts.append(h)
+        entering.append(h)
         h = decay_c * h + state_c
-    starts = torch.stack(starts, dim=1)  # [B,c,HP,N]
+    starts = torch.stack(entering, dim=1)  # [B,c,HP,N]
     # 4. contribution of the state entering each chunk, read out in the [B,c,L,H,P] layout of the result
     y_state = (Cc @ starts.transpose(-1, -2)).view(Bsz, nc, L, H, P) * torch.exp(cum)[..., None]
     y = y_state + y.transpose(2, 3)

@@ -37,7 +37,7 @@ def matched_gap(run: Run, ref: Run, domain: str, points: int = 50, smooth: int =
     xr, yr = _curve(run, domain)
     xf, yf = _curve(ref, domain)
     g = matched_endpoints(xr, yr, xf, yf, smooth=smooth, points=points)
-    if not g.ok:
+    if not g.ok or g.matched_range is None:
         return None
     return {"primary": g.primary, "mean_gap": g.mean_gap, "end_gap": g.end_gap, "matched_range": list(g.matched_range)}
 
@@ -185,7 +185,7 @@ def _in_domain_comparisons(runs: list[Run], groups: dict[str, list[Run]], refere
                                   f"({r.evals[-1]['step']} against {ref.evals[-1]['step']}); left out")
                 continue
             diffs[key].append((r.seed, r.evals[-1]["in_domain_loss"] - ref.evals[-1]["in_domain_loss"]))
-    out = []
+    out: list[dict] = []
     for key in dict.fromkeys([*diffs, *notes]):
         pairs = sorted(diffs.get(key, []))
         t = paired_test([d for _, d in pairs])
@@ -319,7 +319,7 @@ def _final_table(summary: dict, ind: set[str]) -> list[str]:
     head = "| run | params (non-emb) | steps | in-domain loss | context gain | " + \
         " | ".join(f"{d}{'' if d in ind else ' (OOD)'} loss / bpb" for d in doms) + " |"
     lines += [head, "|" + "---|" * (5 + len(doms))]
-    baselines = {}
+    baselines: dict[str, dict] = {}
     for name, row in summary["final"].items():
         if row["in_domain_loss"] is None:
             continue

@@ -18,6 +18,7 @@ import json
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 
@@ -107,7 +108,7 @@ def curves(run: Run, m: Measure, domains: list[str], match_domains: list[str] | 
     ys = {d: v for d, v in ys.items() if v and None not in v}
     if not recs or None in xs or not ys:
         return None
-    return RunCurves(run.name, run.seed, xs, ys)
+    return RunCurves(run.name, run.seed, cast(list[float], xs), cast(dict[str, list[float]], ys))  # no None: checked above
 
 
 def points_in_band(xs, band) -> int:
@@ -180,7 +181,7 @@ def interactions(by_measure: dict[str, list[dict]], primary: str, runs: list[Run
     per: dict[tuple[str, str], dict] = {}
     for c in comps:
         per[(c["run"], c["domain"])] = c
-    out = []
+    out: list[dict] = []
     for (name, dom), c in per.items():
         if setting[name] != limited or dom in limited:
             continue

@@ -34,7 +34,7 @@ def blocks(md: str) -> list[dict]:
     """The report's Markdown as blocks: headings, paragraphs (a ``> `` line is a warning), tables. Image
     lines are left out: the plots are embedded after the text."""
     out: list[dict] = []
-    table = None
+    table: dict | None = None
     for line in md.splitlines():
         if line.startswith("|"):
             cells = [c.strip() for c in line.strip().strip("|").split("|")]

@@ -26,7 +26,10 @@ WORSE, BETTER, TOO_FEW = "worse OOD", "better OOD", "too few seeds"
 NO_RANGE = "no common in-domain range"  # no seed's curves overlap in in-domain loss: nothing to match at
 
 
-def moving_average(x: Sequence[float], k: int) -> np.ndarray:
+Curve = Sequence[float] | np.ndarray  # losses at each evaluation, in training order
+
+
+def moving_average(x: Curve, k: int) -> np.ndarray:
     """Mean of each k consecutive values ('valid' positions only: len(x) - k + 1 values)."""
     return np.convolve(np.asarray(x, dtype=float), np.ones(k) / k, "valid")
 
@@ -53,8 +56,8 @@ class MatchedGap:
         return self.reason is None
 
 
-def matched_endpoints(run_in: Sequence[float], run_ood: Sequence[float], ref_in: Sequence[float],
-                      ref_ood: Sequence[float], smooth: int = SMOOTH, trained_fraction: float = TRAINED_FRACTION,
+def matched_endpoints(run_in: Curve, run_ood: Curve, ref_in: Curve,
+                      ref_ood: Curve, smooth: int = SMOOTH, trained_fraction: float = TRAINED_FRACTION,
                       points: int = GRID_POINTS, band: tuple[float, float] | None = None) -> MatchedGap:
     """Gap (run OOD loss - reference OOD loss) at matched in-domain loss, from the two runs' evaluation
     curves (in-domain loss and OOD loss at each evaluation, in training order).
@@ -150,12 +153,12 @@ def paired_test(gaps: Sequence[float], confidence: float = 0.95) -> PairedTest:
 def holm(pvalues: Sequence[float | None]) -> list[float | None]:
     """Holm step-down adjusted p values (Holm 1979). None entries (no test) stay None and do not count
     in the number of comparisons. Reject a hypothesis at level alpha when its adjusted p < alpha."""
-    idx = [i for i, p in enumerate(pvalues) if p is not None]
-    m = len(idx)
+    present = {i: p for i, p in enumerate(pvalues) if p is not None}
+    m = len(present)
     out: list[float | None] = [None] * len(pvalues)
     running = 0.0
-    for rank, i in enumerate(sorted(idx, key=lambda i: pvalues[i])):
-        running = max(running, min(1.0, (m - rank) * pvalues[i]))
+    for rank, i in enumerate(sorted(present, key=lambda i: present[i])):
+        running = max(running, min(1.0, (m - rank) * present[i]))
         out[i] = running
     return out
 
@@ -266,6 +269,7 @@ def build_comparisons(pairs: Iterable[tuple[RunCurves, RunCurves]], domains: Seq
             if not g.ok:
                 notes.append(f"seed {run.seed}: {g.reason}")
                 continue
+            assert g.primary is not None and g.mean_gap is not None and g.end_gap is not None  # all set when ok
             seeds.append(run.seed)
             primary.append(g.primary)
             secondary.append(g.mean_gap)

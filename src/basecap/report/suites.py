@@ -57,7 +57,7 @@ def _mqar(label, per_run, out: Path):
              "|" + "---|" * (5 + len(pairs))]
     pts = []
     for name, rs in per_run.items():
-        by_d = defaultdict(dict)
+        by_d: dict[int, dict] = defaultdict(dict)
         for res in rs:
             for run in res.get("runs", []):
                 # a fixed MQAR seed gives one result shared by every seed of the run: count it once
@@ -160,7 +160,7 @@ def speed_section(speed_json: Path, out: Path):
     return lines, (img if img.exists() else None)
 
 
-def suite_sections(runs, out: Path, speed_json: Path | None = None) -> tuple[list[str], list[Path]]:
+def suite_sections(runs, out: Path, speed_json: str | Path | None = None) -> tuple[list[str], list[Path]]:
     lines, images = [], []
     for label, per_run in collect(runs).items():
         if label.startswith("mqar"):

@@ -51,7 +51,8 @@ def build_scorecard(root: str | Path = ".", claims_path: str | Path | None = Non
     studies = load_studies(root / "results")
     copies = provenance(studies)
     copy_of = {(c["study"], c["run"]): c["copy_of"] for c in copies}
-    rows, seen = [], {}
+    rows: list[dict] = []
+    seen: dict = {}
     for c in claims.claims:
         domains = c.domains or claims.domains
         before = None
@@ -66,6 +67,7 @@ def build_scorecard(root: str | Path = ".", claims_path: str | Path | None = Non
         if c.untestable is not None:
             row["verdict"], row["detail"] = UNTESTABLE, c.untestable
             continue
+        assert c.study is not None and c.reference is not None  # a testable claim names both (Claim's validator)
         study = claims.studies[c.study]
         folder = claims.results_dir(c.study)
         st = studies.get(folder)

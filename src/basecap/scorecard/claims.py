@@ -71,7 +71,7 @@ class Claim(Strict):
         for k in ("study", "expect", "reference"):
             if getattr(self, k) is None:
                 raise ValueError(f"{k} is required")
-        sign_of = DIRECTIONS.get(self.expect)
+        sign_of = DIRECTIONS.get(self.expect) if self.expect is not None else None
         if sign_of and self.direction not in sign_of:
             raise ValueError(f"direction: a {self.expect} claim needs one of {', '.join(sign_of)}, got {self.direction!r}")
         if not sign_of and self.direction is not None:
@@ -97,7 +97,7 @@ class Claim(Strict):
         """+1 when the paper expects the statistic to be positive (worse, rises, larger), -1 when negative, 0 for
         no effect."""
         return {"worse": 1, "rises": 1, "larger": 1, "better": -1, "falls": -1, "smaller": -1}.get(
-            self.direction or self.expect, 0)
+            self.direction or self.expect or "", 0)
 
     @property
     def runs(self) -> list[str]:

@@ -19,7 +19,7 @@ import numpy as np
 from ..config_base import ConfigError
 from ..report.core import _curves
 from ..report.runs import Run, load_run
-from ..report.stats import SMOOTH, build_comparisons
+from ..report.stats import SMOOTH, RunCurves, build_comparisons
 from .claims import Claim
 
 
@@ -58,12 +58,13 @@ def pair_gaps(study: Study, run: str, reference: str, domains: list[str], seeds:
               measure: str = "primary") -> tuple[dict[str, dict[int, float]], list[str]]:
     """Per domain, {seed: value of ``measure``} of ``run`` against ``reference`` (same seed), from the report's
     ``build_comparisons`` at the study's smoothing; and its notes (seeds without a gap, and why)."""
-    pairs = []
+    pairs: list[tuple[RunCurves, RunCurves]] = []
     for (name, seed), r in sorted(study.runs.items(), key=lambda kv: kv[0][1]):
         ref = study.runs.get((reference, seed))
         if name == run and ref is not None and (seeds is None or seed in seeds):
             # no per-window losses: the scorecard needs the gaps, not the evaluation-noise bootstrap
-            pairs.append(tuple(dataclasses.replace(_curves(x), final_windows={}) for x in (r, ref)))
+            run_curves, ref_curves = (dataclasses.replace(_curves(x), final_windows={}) for x in (r, ref))
+            pairs.append((run_curves, ref_curves))
     smooth = study.summary.get("smooth") or SMOOTH
     design = study.summary.get("design")
     if design:  # a study with a comparison design: its primary measure (or the one the claim names), as its report
@@ -113,6 +114,7 @@ def claim_values(claim: Claim, study: Study, domains: list[str]) -> dict:
         return _domain_mean(g, domains)
 
     if claim.expect == "trend":
+        assert claim.x is not None and claim.reference is not None  # a trend claim names both (Claim's validator)
         per_run = {r: gaps(r, claim.reference) for r in claim.x if r != claim.reference}
         seeds = sorted(set.intersection(*(set(v) for v in per_run.values())))
         xs = [math.log2(claim.x[claim.reference])] + [math.log2(claim.x[r]) for r in per_run]

@@ -111,7 +111,7 @@ def counts(card: dict) -> Counter:
 
 def scorecard_markdown(card: dict) -> str:
     c = counts(card)
-    lines = [f"# Scorecard: the paper's claims at this scale", "", f"<!-- {GENERATED} -->", "",
+    lines = ["# Scorecard: the paper's claims at this scale", "", f"<!-- {GENERATED} -->", "",
              f"Every claim of the paper (`experiments/paper/claims.toml`, {len(card['claims'])} claims) tested once, from the "
              "archived records of the runs it names, with the reports' own matching (the primary OOD gap at matched "
              "in-domain loss, paired by seed; a claim's gap is the mean over its held-out domains). One family: Holm "
@@ -201,8 +201,8 @@ def study_block(card: dict, study: str) -> str:
     copies = [c for c in card["copies"] if c["study"] == study]
     lines = [STUDY_MARKERS[0], f"<!-- {GENERATED} -->", "## In the scorecard", ""]
     if rows:
-        lines += [f"Claims of the paper this study tests, with the project's verdict (one family over every claim, "
-                  f"[`results/SCORECARD.md`](../SCORECARD.md)):", "",
+        lines += ["Claims of the paper this study tests, with the project's verdict (one family over every claim, "
+                  "[`results/SCORECARD.md`](../SCORECARD.md)):", "",
                   "| claim | the paper | estimate [95% CI] | seeds | verdict |", "|---|---|---|---|---|"]
         lines += [f"| `{r['id']}` | {r['paper']} | {estimate_text(r)} | {len(r['seeds'])} | {verdict_text(r)} |" for r in rows]
     else:

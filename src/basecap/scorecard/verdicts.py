@@ -107,9 +107,9 @@ def _undecided(r: dict, claim, t: dict, a: float, power: float) -> None:
         t["mde"] = eq.equivalence_bound(sd, n, a, power)
         tests = {HOLDS: (lambda k: eq.power_tost(mean, sd, k, margin, a)) if abs(mean) < margin else None,
                  FAILS: (lambda k: eq.power_one_sided(abs(mean) - margin, sd, k, a / 2)) if abs(mean) > margin else None}
-    need = {v: eq.seeds_needed(f, power) for v, f in tests.items() if f is not None}
-    need = {v: k for v, k in need.items() if k is not None}
-    t["seeds_to_decide"], t["would_be"] = (min(need.values()), min(need, key=need.get)) if need else (None, None)
+    needed = {v: eq.seeds_needed(f, power) for v, f in tests.items() if f is not None}
+    need = {v: k for v, k in needed.items() if k is not None}
+    t["seeds_to_decide"], t["would_be"] = (min(need.values()), min(need, key=lambda v: need[v])) if need else (None, None)
     what = "MDE" if s else "provable margin"
     decide_txt = (f"{t['seeds_to_decide']} seeds would decide it ({t['would_be']}) if the truth is the estimate"
                   if need else f"more than {eq.MAX_SEEDS} seeds to decide it at this estimate")

@@ -40,7 +40,7 @@ def record_text(entity: str, attrs: dict[str, str]) -> str:
 def extraction_example(rng: random.Random, paragraphs: list[str], n_records: int = 2, n_attrs: int = 4) -> dict:
     """A document of ``paragraphs`` with ``n_records`` records placed between them, and one
     (entity, attribute) asked back. Returns ``{"context", "question", "answers", "entity", "attribute"}``."""
-    recs = []
+    recs: list[tuple[str, dict[str, str]]] = []
     while len(recs) < n_records:
         e, a = record(rng, n_attrs)
         if all(e != r[0] for r in recs):

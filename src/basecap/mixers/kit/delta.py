@@ -4,6 +4,8 @@ cache)."""
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 
 from ...ops.delta_rule import delta_rule_chunked, delta_rule_recurrent
@@ -12,11 +14,11 @@ from ..base import State
 from .recurrent import conv_bytes, conv_state
 
 
-def run_delta_rule(impl: str, q, k, v, beta, g, state: State | None, chunk_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+def run_delta_rule(impl: str, q, k, v, beta, g, state: State | None, chunk_size: int) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``o [B, H, T, V]`` and the final matrix state of the (gated, when ``g`` is given) delta rule in
     the form ``impl`` ("ref", "fast" or "chunked"), continuing from ``state["S"]`` when a decode state
     is given; q, k ``[B, H, T, K]``, beta and g ``[B, H, T]``."""
-    S0 = None if state is None else state["S"]
+    S0 = None if state is None else cast(torch.Tensor, state["S"])
     if impl == "ref":
         return delta_rule_recurrent(q, k, v, beta, g, state=S0)
     if impl == "fast":

@@ -5,6 +5,8 @@ dispatch."""
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 from pydantic import Field
 from torch import nn
@@ -56,8 +58,8 @@ def norm_heads(ln_x: nn.GroupNorm, y: torch.Tensor, dtype: torch.dtype) -> torch
     return ln_x(y.reshape(B * T, -1).to(dtype)).view(B, T, -1)
 
 
-def run_wkv6(impl: str, r, k, v, log_w, u, S0, chunk_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """WKV-6 (RWKV-5/6) in the form ``impl`` ("ref", "fast" or "chunked")."""
+def run_wkv6(impl: str, r, k, v, log_w, u, S0, chunk_size: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """WKV-6 (RWKV-5/6) in the form ``impl`` ("ref", "fast" or "chunked"); the fast form's state is None in training."""
     if impl == "ref":
         return wkv6_recurrent(r, k, v, log_w, u, S0)
     if impl == "fast":
@@ -66,7 +68,7 @@ def run_wkv6(impl: str, r, k, v, log_w, u, S0, chunk_size: int) -> tuple[torch.T
     return wkv6_chunked(r, k, v, log_w, u, S0, chunk_size=chunk_size)
 
 
-def run_wkv7(impl: str, r, log_w, k, v, a, b, S0, chunk_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+def run_wkv7(impl: str, r, log_w, k, v, a, b, S0, chunk_size: int) -> tuple[torch.Tensor, torch.Tensor | None]:
     """WKV-7 (RWKV-7's generalised delta rule) in the form ``impl`` ("ref", "fast" or "chunked")."""
     if impl == "ref":
         return wkv7_recurrent(r, log_w, k, v, a, b, S0)
@@ -83,12 +85,12 @@ def wkv6_flops(n_heads: int, C: int, K: int) -> float:
 
 
 def wkv_state_in(state: State | None) -> torch.Tensor | None:
-    return None if state is None else state["wkv"]
+    return None if state is None else cast(torch.Tensor, state["wkv"])
 
 
-def wkv_state_out(state: State | None, last: torch.Tensor, S: torch.Tensor) -> State | None:
+def wkv_state_out(state: State | None, last: torch.Tensor, S: torch.Tensor | None) -> State | None:
     """The new decode state (None in training): the last input token and the WKV state."""
-    return None if state is None else {"shift": last, "wkv": S}
+    return None if state is None else {"shift": last, "wkv": cast(torch.Tensor, S)}  # every form returns S given a state
 
 
 class RWKVTimeMixing:

@@ -5,7 +5,7 @@ CPU and CUDA forms. A subclass implements ``_mix``: q, k, v (cache included) -> 
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import Literal, cast
 
 import torch
 from pydantic import Field
@@ -33,6 +33,7 @@ class SelectionMixer(Mixer):
     """Projections, RoPE, KV cache and form choice of the Top-1 mixers."""
 
     fast_kernels = "top1_cuda"
+    cfg: SelectionConfig
 
     def __init__(self, d_model: int, cfg: SelectionConfig, layer_idx: int = 0, max_seq_len: int = 2048):
         super().__init__(d_model, cfg, layer_idx, max_seq_len)
@@ -64,7 +65,8 @@ class SelectionMixer(Mixer):
         q, k, v = self._qkv(x, offset)
         new_state = None
         if state is not None:  # the cache grows without copying and without altering ``state``
-            new_state = {"k": append_time(state["k"], k), "v": append_time(state["v"], v), "pos": offset + x.shape[1]}
+            k_prev, v_prev = cast(torch.Tensor, state["k"]), cast(torch.Tensor, state["v"])
+            new_state = {"k": append_time(k_prev, k), "v": append_time(v_prev, v), "pos": offset + x.shape[1]}
             k, v = new_state["k"], new_state["v"]
         o = self._mix(q, k, v, q_pos, self.resolve_impl(x), state, new_state)
         return self.o_proj(merge_heads(o)), new_state

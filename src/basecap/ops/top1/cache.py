@@ -22,11 +22,11 @@ def append_time(cache: Tensor, new: Tensor) -> Tensor:
             and base.dtype == new.dtype and base[:, :, :n].stride() == cache.stride()
             and base.data_ptr() == cache.data_ptr()):
         base[:, :, n : n + m] = new
-        base._top1_filled = n + m
+        base._top1_filled = n + m  # type: ignore[attr-defined]  # a mark on the buffer tensor: how much of it is filled
         return base[:, :, : n + m]
     B, H, _, D = new.shape
     base = new.new_empty(B, H, max(64, 2 * (n + m)), D)
     base[:, :, :n] = cache
     base[:, :, n : n + m] = new
-    base._top1_filled = n + m
+    base._top1_filled = n + m  # type: ignore[attr-defined]  # a mark on the buffer tensor: how much of it is filled
     return base[:, :, : n + m]

@@ -36,6 +36,7 @@ class _ApproxAttention(torch.autograd.Function):
         do_rows = do.transpose(1, 2).reshape(-1, D) if index is not None else do.reshape(-1, D)
         dq, dk, dv, dgate = tile_backward(queries, k, v, layout, cfg.scale, do_rows, None, True)
         dq = rows_as_bhtd(dq, index, B, H, T)
+        assert dgate is not None  # want_dgate
         approx_backward(q, k, q_pos, ApproxPick(sel, sums, None), dgate.view(B, H, T), cfg, dq, dk)
         return dq, dk, dv, None, None
 

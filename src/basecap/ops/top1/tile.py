@@ -39,7 +39,7 @@ class QueryRows(NamedTuple):
     """The queries of the tile attention as 2-D rows."""
 
     x: Tensor  # [B*H*Tq, D] rows
-    index: Tensor | None  # row of each item bh * Tq + t (None: the identity)
+    index: Tensor | None  # type: ignore[assignment]  # row of each item bh * Tq + t (None: the identity); shadows tuple.index
     pos: Tensor  # [Tq] absolute positions
 
 
@@ -268,6 +268,7 @@ def attend_selected(q: Tensor, k: Tensor, v: Tensor, sel: Tensor, q_pos: Tensor,
     o = q.new_zeros(B * H * Tq, D).index_copy(0, layout.order, ot.reshape(n, D).index_select(0, layout.dest))
     lse = None
     if need_lse:
+        assert lse_t is not None  # the kernel returns it when asked
         lse = torch.full((B * H * Tq,), NEG_INF, dtype=lse_t.dtype, device=q.device)
         lse = lse.index_copy(0, layout.order, lse_t.reshape(n).index_select(0, layout.dest)).view(B, H, Tq)
     o = o.view(B, H, Tq, D)
