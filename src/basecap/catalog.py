@@ -33,7 +33,7 @@ def switches(name: str) -> dict[str, str]:
 
 # (mixer, selection) -> cost, where the selection mode changes the algorithm (docs/top1.md): Exact scores every
 # visible key to choose a chunk; Approx scores the T/C chunk means, then attends inside one chunk of C
-SELECTION_COSTS: dict[tuple[str, str], str] = {
+SELECTION_COSTS: dict[tuple[str, str | None], str] = {
     ("top1_chunk", "exact"): "O(T^2) train, O(T) per decoded token",
     ("top1_chunk", "approx"): "O(T^2/C + T C) train, O(T/C + C) per decoded token",
 }

@@ -21,6 +21,7 @@ import shutil
 import warnings
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed.checkpoint as dcp
@@ -73,9 +74,9 @@ class SafeReader(dcp.FileSystemReader):
                                   "Only resume from run directories you trust (docs/security.md)") from None
         if not isinstance(metadata, Metadata):
             raise CheckpointError(f"{path}: refused: holds a {type(metadata).__name__}, not checkpoint metadata")
-        if getattr(metadata, "storage_meta", None) is None:
-            metadata.storage_meta = StorageMeta()
-        metadata.storage_meta.load_id = self.load_id
+        storage_meta = getattr(metadata, "storage_meta", None) or StorageMeta()
+        storage_meta.load_id = self.load_id
+        metadata.storage_meta = storage_meta
         return metadata
 
 
@@ -129,7 +130,7 @@ def save_checkpoint(ckpt_root: Path, step: int, model: torch.nn.Module, optimize
         try:
             with _single_process_ok():
                 dcp.save({"model": msd, "optim": osd}, checkpoint_id=str(tmp / "state"))
-        except (Exception, dcp.CheckpointException) as e:  # DCP's own exception is a BaseException
+        except (Exception, dcp.CheckpointException) as e:  # noqa: BLE001 - any failure; DCP's own exception is a BaseException
             if env.is_main:
                 shutil.rmtree(tmp, ignore_errors=True)
             raise CheckpointError(f"checkpoint at step {step} failed: {_reason(e)}") from None
@@ -217,7 +218,7 @@ def load_weights(path: Path, model: torch.nn.Module):
     verify_checkpoint(path)
     state = load_file(path / "model.safetensors")
     missing, unexpected = model.load_state_dict(state, strict=False)
-    tied = {k for k in missing if model.cfg.tie_embeddings and k == "head.weight"}
+    tied = {k for k in missing if model.cfg.tie_embeddings and k == "head.weight"}  # type: ignore[union-attr]  # an LM: cfg is its ModelConfig
     if set(missing) - tied or unexpected:
         raise CheckpointError(f"checkpoint {path}: weights do not match the model (missing {sorted(set(missing) - tied)}, unexpected {unexpected})")
 
@@ -248,7 +249,7 @@ def restore(path: Path, model: torch.nn.Module, optimizer) -> dict:
     try:
         with _single_process_ok():
             dropped = _drop_stateless_params(osd, reader.read_metadata(), path)
-            state = {"model": msd, "optim": osd}
+            state: dict[str, Any] = {"model": msd, "optim": osd}
             dcp.load(state, storage_reader=reader, planner=SafeLoadPlanner())
     except dcp.CheckpointException as e:
         raise CheckpointError(f"checkpoint {path}: {_reason(e)}") from None
@@ -267,7 +268,7 @@ def latest_good_checkpoint(ckpt_root: Path, log=print) -> Path | None:
             return path
         except CheckpointError as e:
             log(f"warning: {e}; falling back to the previous checkpoint")
-            warnings.warn(str(e))
+            warnings.warn(str(e), stacklevel=2)
     return None
 
 

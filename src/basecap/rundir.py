@@ -35,7 +35,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .atomic import atomic_write, fsync, write_json  # noqa: F401 - the run directory's writes
+from .atomic import atomic_write, fsync, write_json  # the run directory's writes
 
 if TYPE_CHECKING:
     from .distributed import DistEnv
@@ -186,7 +186,7 @@ class RunDir:
         holder may call this. Returns what was removed."""
         stale = sorted(self.checkpoints.glob(".tmp_step_*")) if self.checkpoints.is_dir() else []
         for p in stale:
-            warnings.warn(f"{p}: removing an incomplete checkpoint left by an interrupted run")
+            warnings.warn(f"{p}: removing an incomplete checkpoint left by an interrupted run", stacklevel=2)
             shutil.rmtree(p, ignore_errors=True)
         return stale
 
@@ -230,7 +230,7 @@ class RunDir:
             except json.JSONDecodeError:
                 if k < len(lines) - 1:
                     raise ValueError(f"{path}:{i}: not valid JSON (a record in the middle of the file is damaged)") from None
-                warnings.warn(f"{path}:{i}: dropping a torn last record (an append was cut short)")
+                warnings.warn(f"{path}:{i}: dropping a torn last record (an append was cut short)", stacklevel=2)
         return out
 
     def read_metrics(self) -> list[dict]:

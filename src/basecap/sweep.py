@@ -58,6 +58,7 @@ def read_tuning(path: Path) -> dict:
 def _fingerprint(exp: ExperimentConfig, points: list[tuple[dict, str]], by_name: dict[str, list[RunConfig]]) -> dict:
     """What a stored choice depends on: the protocol and every tuning run's resolved config (a changed grid,
     seed list or training setting recomputes it)."""
+    assert exp.tune is not None  # a tune experiment
     configs = {rc.run_id: hashlib.sha256(rc.model_dump_json().encode()).hexdigest()[:16]
                for _, name in points for rc in by_name[name]}
     return {"keys": exp.tune.keys, "seeds": exp.tune.seeds, "metric": exp.tune.metric, "split": SPLIT, "configs": configs}
@@ -69,7 +70,7 @@ def _finite(x: float) -> float | None:
 
 def _entry(points: list[tuple[dict, str]], by_name: dict[str, list[RunConfig]], losses: dict[str, float], fingerprint: dict) -> dict:
     """One run's tuning record: every value tried with its loss per tuning seed and their mean, and the choice."""
-    tried = []
+    tried: list[dict[str, Any]] = []
     for values, name in points:
         per_seed = {str(rc.seed): losses[rc.run_id] for rc in by_name[name]}
         mean = sum(per_seed.values()) / len(per_seed)
@@ -86,6 +87,7 @@ def tune(exp: ExperimentConfig, runs: list[RunConfig], out: Path, train_fn: Call
     evaluation record (a finished run returns it at once). A run whose stored choice in tuning.json was made
     on the same grid keeps it without training; the others are trained and chosen again, and tuning.json is
     rewritten atomically (``write``: False on the non-main ranks of a distributed job)."""
+    assert exp.tune is not None  # a tune experiment
     every = exp.tuning_grid()
     grid = {n: pts for n, pts in every.items() if not only or n in only}
     by_name: dict[str, list[RunConfig]] = {}
@@ -119,7 +121,7 @@ def _loss_text(entry: dict) -> str:
                      for t in entry["tried"])
 
 
-def _get(config: dict, key: str):
+def _get(config: Any, key: str):
     for part in key.split("."):
         config = config.get(part) if isinstance(config, dict) else None
     return config

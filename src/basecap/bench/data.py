@@ -50,7 +50,7 @@ def _sample_from_corpus(corpus, mb: float) -> list[str]:
             text = corpus.tokenizer.decode(toks[start:end].tolist(), skip_special_tokens=False)
             texts.append(text)
             got += len(text.encode("utf-8"))
-            start = end + 1
+            start = int(end) + 1
     return texts
 
 
@@ -150,7 +150,7 @@ def planned_step_time(experiment: str, gpus: int) -> dict:
 
     rows = plan_experiment(experiment, ["size=110m"], gpus=gpus)
     per = {r["run"]: r["est_hours"] * 3600 / r["steps"] for r in rows}
-    fastest = min(per, key=per.get)
+    fastest = min(per, key=lambda r: per[r])
     ref = next((r["run"] for r in rows if r["run"] == "transformer_pp"), rows[0]["run"])
     return {"reference_run": ref, "reference_s": per[ref], "fastest_run": fastest, "fastest_s": per[fastest],
             "gpu": rows[0]["gpu"], "gpus": gpus, "mfu": rows[0]["mfu"], "vocab_size": rows[0]["vocab_size"],

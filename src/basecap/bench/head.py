@@ -83,7 +83,8 @@ def _time_rounds(steps: dict, device, reps: int, warmup: int) -> dict:
     for _ in range(warmup):
         for step in steps.values():
             step()
-    wall, cpu = {k: [] for k in steps}, {k: [] for k in steps}
+    wall: dict[str, list[float]] = {k: [] for k in steps}
+    cpu: dict[str, list[float]] = {k: [] for k in steps}
     for _ in range(reps):
         for k, step in steps.items():
             sync(device)

@@ -19,6 +19,7 @@ import math
 import statistics
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -145,7 +146,7 @@ def _parser() -> argparse.ArgumentParser:
 def _measure(name: str, args) -> dict:
     """Correctness against the reference, then training-form, reference and decode timings of one mixer."""
     err = _correct(name)
-    row = {"correct_rel_err": err, "ok": err is None or err <= 1e-4, "train_s": {}, "decode_ms": {}}
+    row: dict[str, Any] = {"correct_rel_err": err, "ok": err is None or err <= 1e-4, "train_s": {}, "decode_ms": {}}
     if not row["ok"]:
         print(f"{name}: fast form disagrees with the reference (rel err {err:.2e}); not benchmarked")
         return row
@@ -168,7 +169,8 @@ def _ref_vs_fast(ref_step, fast_step, rounds: int) -> dict:
     """Reference and fast form timed in alternation (one of each per round), wall and process CPU time, so a
     change in machine load moves both sides alike; medians over the rounds."""
     fast_step()  # warm-up of the fast form at this length
-    walls, cpus = {"ref": [], "fast": []}, {"ref": [], "fast": []}
+    walls: dict[str, list[float]] = {"ref": [], "fast": []}
+    cpus: dict[str, list[float]] = {"ref": [], "fast": []}
     for _ in range(rounds):
         for side, step in (("ref", ref_step), ("fast", fast_step)):
             w, c = time.perf_counter(), time.process_time()

@@ -24,6 +24,7 @@ import platform
 import statistics
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -321,7 +322,7 @@ def main(argv: list[str] | None = None):
     device = torch.device(args.device)
     if device.type == "cpu":
         torch.set_num_threads(args.threads)
-    res = {"meta": _meta(args, device), "layer": [], "core": [], "model": [], "decode": []}
+    res: dict[str, Any] = {"meta": _meta(args, device), "layer": [], "core": [], "model": [], "decode": []}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
 

@@ -70,7 +70,7 @@ def _time_rounds(steps: dict, reps: int, warmup: int) -> dict:
     for _ in range(warmup):
         for step in steps.values():
             step()
-    times = {k: [] for k in steps}
+    times: dict[str, list[float]] = {k: [] for k in steps}
     for _ in range(reps):
         for k, step in steps.items():
             t = time.perf_counter()

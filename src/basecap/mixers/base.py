@@ -78,7 +78,7 @@ class Mixer(nn.Module):
         "fast" runs; it depends on the device and the installation, never on the sequence length, and
         "fast" where it cannot run is a configuration error. The kernels module is imported only for
         a CUDA input or an explicit "fast", so a CPU run never imports Triton."""
-        impl = self.cfg.impl
+        impl = self.cfg.impl  # type: ignore[attr-defined]  # declared by each mixer's config (Impl), not the base
         if self.fast_kernels is not None and (impl == "fast" or (impl == "auto" and x.is_cuda)):
             kernels = importlib.import_module(f"..kernels.{self.fast_kernels}", __package__)
             return kernels.resolve_impl(self.cfg.name, impl, x)

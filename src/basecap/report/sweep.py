@@ -148,7 +148,7 @@ def fixed_vs_tuned(tuning: dict, runs_dir: Path, reference: str) -> list[dict]:
                 continue
             g = matched_endpoints([e["in_domain_loss"] for e in a.evals], [e["domains"][domain]["loss"] for e in a.evals],
                                   [e["in_domain_loss"] for e in b.evals], [e["domains"][domain]["loss"] for e in b.evals])
-            if g.ok:
+            if g.ok and g.primary is not None:
                 vals.append(g.primary)
         return statistics.fmean(vals) if vals else None
 
