@@ -61,7 +61,7 @@ def compile_for_training(model: torch.nn.Module, cfg: Any, log=print) -> torch.n
         return eager(*args, **kwargs)
 
     model.forward = forward  # an instance attribute: nn.Module.__call__ finds it before the class's forward
-    model._basecap_eager_forward = eager
+    model._basecap_eager_forward = eager  # type: ignore[assignment]  # a plain attribute on the module (nn.Module types unknown ones as Tensor | Module)
     log(f"[{cfg.run_id}] train.compile: the training forward/backward runs through torch.compile "
         "(the first step compiles; evaluation stays eager)")
     return model

@@ -104,12 +104,12 @@ def main(argv: list[str] | None = None):
     compiled_tps, warmups = [], []
     cpu = torch.device("cpu")
     stored = peak_flops(cpu, torch.float32, log=print)
-    for w in range(args.windows):
+    for _ in range(args.windows):
         peaks.append(matmul_peak_flops(cpu, size=args.peak_size, reps=3, cached=False))
         cpu_peaks.append(matmul_peak_flops(cpu, size=args.peak_size, reps=3, cached=False, clock=time.process_time))
         recs = _trainer_steps(train, cfg, corpus, RunDir)
         trainer_tps += [r["tokens_per_s"] for r in recs[2:]]  # skip warm-up steps
-        trainer_mfu += [r.get("mfu", r.get("mfu_above_peak")) for r in recs[2:]]
+        trainer_mfu += [r["mfu"] if "mfu" in r else r["mfu_above_peak"] for r in recs[2:]]
         if args.compile:
             recs = _trainer_steps(train, cfg.model_copy(update={"train": cfg.train.model_copy(update={"compile": True})}), corpus, RunDir)
             tps = [r["tokens_per_s"] for r in recs]
