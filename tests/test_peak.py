@@ -136,4 +136,14 @@ def test_the_peak_command_prints_the_stored_figure(monkeypatch, tmp_path, capsys
     finally:
         torch.set_num_threads(threads)
     out = capsys.readouterr().out
-    assert "1 thread(s): 150.0 GFLOP/s" in out and "fastest of 11 (stable" in out and str(tmp_path / "peak.json") in out
+    assert "1 thread(s): 150.0 GFLOP/s" in out and "fastest of 11 by wall or CPU time (stable" in out and str(tmp_path / "peak.json") in out
+
+
+def test_a_product_counts_at_its_cpu_time_rate_when_the_scheduler_delayed_it(monkeypatch):
+    """A product that took 1 s of wall time but 0.2 s of CPU on each of the threads ran at FLOP / 0.2 s while it
+    ran: a shared machine's descheduled time does not lower the peak."""
+    monkeypatch.setattr(P, "_operands", lambda *a: (None, None, None))
+    threads = torch.get_num_threads()
+    it = iter([(1.0, 1.0)] * 2 + [(1.0, 0.2 * threads)] * 3 + [(0.5, 0.9 * threads)] * 20)
+    m = measure_until_stable(torch.device("cpu"), min_products=3, patience=3, timer=lambda a, b, out: next(it))
+    assert m["flops"] == pytest.approx(FLOP / 0.2) and m["wall_flops"] == pytest.approx(FLOP / 0.5)
