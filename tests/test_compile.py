@@ -107,3 +107,15 @@ def test_compiled_training_matches_eager_and_resumes_exactly(tiny_corpus, tiny_r
     train(_cfg(tiny_recipe_path, compile=True), tmp_path / "resumed", corpus=tiny_corpus, log=msgs.append)
     assert any("resuming from step_00000002" in m for m in msgs)
     assert _losses(tmp_path / "resumed")[0] == compiled  # exact, every step
+
+
+def test_the_train_benchmark_compares_compiled_and_eager_steps(tiny_recipe_path, tmp_path, capsys):
+    from basecap.bench.train import main
+
+    res = main(["--recipe", str(tiny_recipe_path), "--d-model", "32", "--layers", "1", "--seq-len", "32", "--batch", "4",
+                "--steps", "4", "--windows", "1", "--peak-size", "128", "--threads", "1", "--compile", "--out", str(tmp_path)])
+    c = res["compile"]
+    assert c["eager_tokens_per_s"] > 0 and c["compiled_tokens_per_s"] > 0 and c["speedup"] > 0 and c["speedup_cpu"] > 0
+    assert len(c["warmup_s"]) == 1 and c["warmup_s"][0] > 0  # the first compiled step compiles
+    assert c["loss_max_rel_err"] < 1e-5
+    assert "train.compile" in capsys.readouterr().out

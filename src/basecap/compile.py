@@ -52,6 +52,9 @@ def compile_for_training(model: torch.nn.Module, cfg: Any, log=print) -> torch.n
     if not cfg.train.compile:
         return model
     check_compile(cfg)
+    # one process trains the runs of a study one after the other: a fresh cache per run, so the models before
+    # it never push this one past dynamo's recompile limit (past it, dynamo runs the forward eagerly, silently)
+    torch._dynamo.reset()
     eager = model.forward
     compiled = torch.compile(eager)
 

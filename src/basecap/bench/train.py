@@ -9,10 +9,12 @@ MFU: model FLOP/s (3 x ``LM.flops_per_token`` x tokens/s) over the peak FLOP/s t
 one stored for this machine and thread count (``basecap.peak``, ``basecap peak``); a quick
 ``--peak-size``^3 probe before every window is shown beside it (``probe_flops``).
 
-``--compile``: each window also trains with ``train.compile = true`` (basecap.compile) from the same
-weights and batches; printed are eager and compiled trainer tokens/s (medians after the first two steps) and
-the warm-up cost, the time the first steps took beyond that median (the first window compiles from scratch;
-later ones may reuse inductor's cache).
+``--compile``: each window also builds the model twice from the same seed, one copy compiled as
+``train.compile = true`` compiles it (basecap.compile), and runs one optimizer step of each in turn on every
+batch (a change of load hits both alike); printed are eager and compiled tokens/s and tokens per CPU-second
+(medians after the first two steps), the warm-up (the first two compiled steps' time beyond the median
+step; the first window compiles from scratch, later ones may reuse inductor's cache) and the largest
+relative difference of a step's loss.
 
 On a CPU shared with other jobs the steps slow down with the load (``load_average`` is recorded), so
 the plain loop is also timed in process CPU time: ``plain_cpu_mfu`` is its model FLOPs per CPU-second
@@ -53,6 +55,57 @@ def _trainer_steps(train, cfg, corpus, RunDir) -> list[dict]:
     with tempfile.TemporaryDirectory() as tmp:
         train(cfg, Path(tmp) / "run", corpus=corpus, log=lambda *_: None)
         return [r for r in RunDir(Path(tmp) / "run").read_metrics() if r["kind"] == "train"]
+
+
+def _compiled_vs_eager(cfg, vocab_size: int, batches) -> dict[str, list[tuple[float, float, float]]]:
+    """The model built twice from the same seed, one of them compiled (basecap.compile), and one optimizer step
+    of each in turn on every batch, so a change of machine load hits both alike: per step (wall seconds,
+    process CPU seconds, loss) of each."""
+    from ..compile import compile_for_training
+    from ..model import build_model
+    from ..train import make_optimizer
+
+    sides = {}
+    for name in ("eager", "compiled"):
+        torch.manual_seed(0)
+        model = build_model(cfg.model, vocab_size)
+        if name == "compiled":
+            compile_for_training(model, cfg.model_copy(update={"train": cfg.train.model_copy(update={"compile": True})}),
+                                 log=lambda *_: None)
+        model.train()
+        sides[name] = (model, make_optimizer(model, cfg.train))
+    out: dict[str, list[tuple[float, float, float]]] = {name: [] for name in sides}
+    for x, y in batches:
+        for name, (model, opt) in sides.items():
+            t, c = time.perf_counter(), time.process_time()
+            loss, _ = model(x, targets=y)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.grad_clip)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            value = loss.item()
+            out[name].append((time.perf_counter() - t, time.process_time() - c, value))
+    return out
+
+
+def _compile_summary(windows: list[dict], tok: int, fpt: float, peak: float) -> dict:
+    """Eager against compiled over the windows: median tokens/s (wall, and per CPU-second) after each window's
+    first two steps, the warm-up (those two compiled steps' time beyond the median compiled step), the largest
+    relative difference of a step's loss."""
+    from ..train import mfu
+
+    def med(side, i, skip=2):
+        return statistics.median(tok / s[i] for w in windows for s in w[side][skip:])
+
+    res = {"eager_tokens_per_s": med("eager", 0), "compiled_tokens_per_s": med("compiled", 0),
+           "eager_tokens_per_cpu_s": med("eager", 1), "compiled_tokens_per_cpu_s": med("compiled", 1)}
+    res["speedup"] = res["compiled_tokens_per_s"] / res["eager_tokens_per_s"]
+    res["speedup_cpu"] = res["compiled_tokens_per_cpu_s"] / res["eager_tokens_per_cpu_s"]
+    res["eager_mfu"], res["compiled_mfu"] = mfu(res["eager_tokens_per_s"], fpt, peak), mfu(res["compiled_tokens_per_s"], fpt, peak)
+    for key, i, per in (("warmup_s", 0, res["compiled_tokens_per_s"]), ("warmup_cpu_s", 1, res["compiled_tokens_per_cpu_s"])):
+        res[key] = [sum(s[i] for s in w["compiled"][:2]) - 2 * tok / per for w in windows]
+    res["loss_max_rel_err"] = max(abs(c[2] - e[2]) / abs(e[2]) for w in windows for c, e in zip(w["compiled"], w["eager"]))
+    return res
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -101,7 +154,7 @@ def main(argv: list[str] | None = None):
     batches = [tb.batch(s) for s in range(steps)]
     tok = args.batch * args.seq_len
     trainer_tps, plain_tps, plain_cpu_tps, peaks, cpu_peaks, trainer_mfu = [], [], [], [], [], []
-    compiled_tps, warmups = [], []
+    compiled = []
     cpu = torch.device("cpu")
     stored = peak_flops(cpu, torch.float32, log=print)
     for _ in range(args.windows):
@@ -111,11 +164,7 @@ def main(argv: list[str] | None = None):
         trainer_tps += [r["tokens_per_s"] for r in recs[2:]]  # skip warm-up steps
         trainer_mfu += [r["mfu"] if "mfu" in r else r["mfu_above_peak"] for r in recs[2:]]
         if args.compile:
-            recs = _trainer_steps(train, cfg.model_copy(update={"train": cfg.train.model_copy(update={"compile": True})}), corpus, RunDir)
-            tps = [r["tokens_per_s"] for r in recs]
-            compiled_tps += tps[2:]
-            median_s = tok / statistics.median(tps[2:])
-            warmups.append(sum(tok / t - median_s for t in tps[:2]))
+            compiled.append(_compiled_vs_eager(cfg, corpus.vocab_size, batches))
         torch.manual_seed(0)
         model = build_model(cfg.model, corpus.vocab_size)
         opt = make_optimizer(model, cfg.train)
@@ -146,12 +195,16 @@ def main(argv: list[str] | None = None):
           f"trainer MFU {100 * res['trainer_mfu']:.1f}% (target >= 50%: {'met' if res['trainer_mfu'] >= 0.5 else 'MISSED'}; "
           f"{100 * res['trainer_logged_mfu']:.1f}% as the trainer logged it)")
     if args.compile:
-        ctps = statistics.median(compiled_tps)
-        res.update(compiled_tokens_per_s=ctps, compile_speedup=ctps / tr, compile_warmup_s=warmups,
-                   compiled_mfu=mfu(ctps, fpt, peak))
-        print(f"train.compile: eager {tr:.0f} tokens/s, compiled {ctps:.0f} tokens/s ({ctps / tr:.2f}x, MFU "
-              f"{100 * res['compiled_mfu']:.1f}%); warm-up {', '.join(f'{s:.1f}' for s in warmups)} s per window "
-              "(the first steps' time beyond the median step)")
+        res["compile"] = _compile_summary(compiled, tok, fpt, peak)
+        c = res["compile"]
+        print(f"train.compile (the same weights and batches, eager and compiled steps in turn; medians after 2 steps):\n"
+              f"  tokens/s      eager {c['eager_tokens_per_s']:.0f}, compiled {c['compiled_tokens_per_s']:.0f} "
+              f"({c['speedup']:.2f}x; MFU {100 * c['eager_mfu']:.1f}% -> {100 * c['compiled_mfu']:.1f}%)\n"
+              f"  tokens/CPU-s  eager {c['eager_tokens_per_cpu_s']:.0f}, compiled {c['compiled_tokens_per_cpu_s']:.0f} "
+              f"({c['speedup_cpu']:.2f}x)\n"
+              f"  warm-up (first 2 compiled steps beyond the median step): {', '.join(f'{w:.1f}' for w in c['warmup_s'])} s "
+              f"wall, {', '.join(f'{w:.1f}' for w in c['warmup_cpu_s'])} CPU-s; per-step losses within "
+              f"{c['loss_max_rel_err']:.1e} of eager's (relative)")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / "train.json", res)
