@@ -6,7 +6,8 @@ cd "$(dirname "$0")/.."
 . .venv/bin/activate
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 export CI="${CI:-1}"  # a test skipped for a missing test extra fails instead (tests/conftest.py)
-# static checks first (pyproject.toml configures both): lint, then types (about a minute on a cold cache)
+# static checks first (pyproject.toml configures them): lint, format, then types (about a minute on a cold cache)
 ruff check src
+ruff format --check src
 mypy src/basecap
 python -m pytest tests -m "not gpu" "$@"

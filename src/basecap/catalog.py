@@ -72,7 +72,7 @@ def cost_exponent(cost: str, t1: int, t2: int, chunk: int = 128, window: int = 1
     log T for its ``train`` (or ``decode``) term, a sum of products of T, T^2, C, W and 1 (e.g. "T^2/C + T C")."""
     train, decode = (x.strip() for x in cost.split(","))
     expr = train if part == "train" else decode
-    inner = expr[expr.index("O(") + 2: expr.rindex(")")]
+    inner = expr[expr.index("O(") + 2 : expr.rindex(")")]
     value = lambda T: sum(_term_value(t, T, chunk, window) for t in inner.split(" + "))  # noqa: E731
     return math.log(value(t2) / value(t1)) / math.log(t2 / t1)
 
@@ -85,15 +85,27 @@ def describe(preset: str = "tiny", seq_len: int = 2048, vocab_size: int = 8192) 
             model = LM(cfg)
         mixer = model.blocks[0].mixer
         state = model.state_size(seq_len)
-        modes = typing.get_args(mixer_class(name).config_class.model_fields["selection"].annotation) \
-            if "selection" in mixer_class(name).config_class.model_fields else ()
-        rows.append({
-            "mixer": name, "mlp": cfg.mlp.name, "params": model.param_counts(), "state_bytes": state,
-            "state_grows": state != model.state_size(seq_len // 2), "cost": mixer_cost(mixer, seq_len),
-            "cost_by_selection": {m: SELECTION_COSTS.get((name, m)) or mixer_cost(mixer, seq_len) for m in modes} or None,
-            "flops_per_token": model.flops_per_token(seq_len), "switches": switches(name),
-            "doc": (mixer_class(name).__module__ and (__import__(mixer_class(name).__module__, fromlist=["_"]).__doc__ or "").strip().splitlines()[0]),
-        })
+        modes = (
+            typing.get_args(mixer_class(name).config_class.model_fields["selection"].annotation)
+            if "selection" in mixer_class(name).config_class.model_fields
+            else ()
+        )
+        rows.append(
+            {
+                "mixer": name,
+                "mlp": cfg.mlp.name,
+                "params": model.param_counts(),
+                "state_bytes": state,
+                "state_grows": state != model.state_size(seq_len // 2),
+                "cost": mixer_cost(mixer, seq_len),
+                "cost_by_selection": {m: SELECTION_COSTS.get((name, m)) or mixer_cost(mixer, seq_len) for m in modes} or None,
+                "flops_per_token": model.flops_per_token(seq_len),
+                "switches": switches(name),
+                "doc": (
+                    mixer_class(name).__module__ and (__import__(mixer_class(name).__module__, fromlist=["_"]).__doc__ or "").strip().splitlines()[0]
+                ),
+            }
+        )
     return rows
 
 
@@ -102,13 +114,18 @@ def _cost_cell(row: dict) -> str:
 
 
 def format_table(rows: list[dict], preset: str, seq_len: int) -> str:
-    lines = [f"mixers at preset {preset!r} (params matched to Transformer++ via the MLP width), state at T={seq_len}:", "",
-             f"{'mixer':<16}{'mlp':<10}{'params':>9}{'non-emb':>9}{'state/seq':>12}  {'cost':<38}paper"]
+    lines = [
+        f"mixers at preset {preset!r} (params matched to Transformer++ via the MLP width), state at T={seq_len}:",
+        "",
+        f"{'mixer':<16}{'mlp':<10}{'params':>9}{'non-emb':>9}{'state/seq':>12}  {'cost':<38}paper",
+    ]
     for r in rows:
         st = r["state_bytes"]
         st_s = f"{st / 2**20:.2f} MiB" if st >= 2**20 else f"{st / 2**10:.1f} KiB"
-        lines.append(f"{r['mixer']:<16}{r['mlp']:<10}{r['params']['total'] / 1e6:>8.2f}M{r['params']['non_embedding'] / 1e6:>8.2f}M"
-                     f"{st_s + ('*' if r['state_grows'] else ''):>12}  {_cost_cell(r):<38}{r['doc'][:70]}")
+        lines.append(
+            f"{r['mixer']:<16}{r['mlp']:<10}{r['params']['total'] / 1e6:>8.2f}M{r['params']['non_embedding'] / 1e6:>8.2f}M"
+            f"{st_s + ('*' if r['state_grows'] else ''):>12}  {_cost_cell(r):<38}{r['doc'][:70]}"
+        )
     lines += ["", "* grows with context (KV cache)"]
     by_mode = [r for r in rows if r.get("cost_by_selection")]
     if by_mode:

@@ -46,10 +46,25 @@ class CheckpointError(RuntimeError):
 # dataclasses, sizes, dtypes, layouts); any other global (os.system, builtins.eval, ...) is refused.
 _DCP = "torch.distributed.checkpoint"
 _METADATA_GLOBALS = {
-    (f"{_DCP}.metadata", n) for n in ("Metadata", "StorageMeta", "MetadataIndex", "TensorStorageMetadata", "BytesStorageMetadata",
-                                      "ChunkStorageMetadata", "TensorProperties", "_MEM_FORMAT_ENCODING")
-} | {(f"{_DCP}.filesystem", "_StorageInfo"), ("torch", "Size"), ("torch.serialization", "_get_layout"),
-     ("pathlib", "PosixPath"), ("pathlib", "Path"), ("collections", "OrderedDict")}
+    (f"{_DCP}.metadata", n)
+    for n in (
+        "Metadata",
+        "StorageMeta",
+        "MetadataIndex",
+        "TensorStorageMetadata",
+        "BytesStorageMetadata",
+        "ChunkStorageMetadata",
+        "TensorProperties",
+        "_MEM_FORMAT_ENCODING",
+    )
+} | {
+    (f"{_DCP}.filesystem", "_StorageInfo"),
+    ("torch", "Size"),
+    ("torch.serialization", "_get_layout"),
+    ("pathlib", "PosixPath"),
+    ("pathlib", "Path"),
+    ("collections", "OrderedDict"),
+}
 
 
 class _MetadataUnpickler(pickle.Unpickler):
@@ -70,8 +85,10 @@ class SafeReader(dcp.FileSystemReader):
             with open(path, "rb") as f:
                 metadata = _MetadataUnpickler(f).load()
         except (pickle.UnpicklingError, EOFError, AttributeError, TypeError, ValueError) as e:
-            raise CheckpointError(f"{path}: refused ({e}); a checkpoint written by basecap never contains this. "
-                                  "Only resume from run directories you trust (docs/security.md)") from None
+            raise CheckpointError(
+                f"{path}: refused ({e}); a checkpoint written by basecap never contains this. "
+                "Only resume from run directories you trust (docs/security.md)"
+            ) from None
         if not isinstance(metadata, Metadata):
             raise CheckpointError(f"{path}: refused: holds a {type(metadata).__name__}, not checkpoint metadata")
         storage_meta = getattr(metadata, "storage_meta", None) or StorageMeta()
@@ -89,8 +106,10 @@ class SafeLoadPlanner(dcp.DefaultLoadPlanner):
             obj = torch.load(value, weights_only=True)
         except pickle.UnpicklingError as e:
             why = next((line.strip() for line in str(e).splitlines() if "WeightsUnpickler error" in line), str(e).splitlines()[0])
-            raise CheckpointError(f"checkpoint entry {read_item.dest_index.fqn}: refused ({why}); a checkpoint written by "
-                                  "basecap never contains this. Only resume from run directories you trust (docs/security.md)") from None
+            raise CheckpointError(
+                f"checkpoint entry {read_item.dest_index.fqn}: refused ({why}); a checkpoint written by "
+                "basecap never contains this. Only resume from run directories you trust (docs/security.md)"
+            ) from None
         clean = io.BytesIO()
         torch.save(obj, clean)  # the default planner's torch.load then reads only what we re-wrote
         clean.seek(0)
@@ -117,8 +136,7 @@ def _files(root: Path) -> list[Path]:
     return sorted(p for p in root.rglob("*") if p.is_file() and p.name != "meta.json")
 
 
-def save_checkpoint(ckpt_root: Path, step: int, model: torch.nn.Module, optimizer, extra: dict, keep: int = 2,
-                    env: DistEnv = DistEnv()) -> Path:
+def save_checkpoint(ckpt_root: Path, step: int, model: torch.nn.Module, optimizer, extra: dict, keep: int = 2, env: DistEnv = DistEnv()) -> Path:
     """Write ``step_N/`` atomically. Every rank calls it; rank 0 writes the files. A failure on rank 0
     (a full disk, a permission error) reaches every rank, which all raise CheckpointError with the same
     message; the previous checkpoints stay intact."""
@@ -255,8 +273,7 @@ def restore(path: Path, model: torch.nn.Module, optimizer) -> dict:
         raise CheckpointError(f"checkpoint {path}: {_reason(e)}") from None
     # strict=False only lets parameters without optimizer state stay so; dcp.load above required every
     # model key and the complete state of every other parameter
-    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"],
-                   options=StateDictOptions(strict=not dropped))
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"], options=StateDictOptions(strict=not dropped))
     return json.loads((path / "trainer.json").read_text())
 
 
@@ -272,5 +289,4 @@ def latest_good_checkpoint(ckpt_root: Path, log=print) -> Path | None:
     return None
 
 
-__all__ = ["CheckpointError", "latest_good_checkpoint", "list_checkpoints", "load_weights", "restore", "save_checkpoint",
-           "verify_checkpoint"]
+__all__ = ["CheckpointError", "latest_good_checkpoint", "list_checkpoints", "load_weights", "restore", "save_checkpoint", "verify_checkpoint"]

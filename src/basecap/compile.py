@@ -40,8 +40,10 @@ def check_compile(cfg: Any) -> None:
         return
     blockers = compile_blockers(cfg.model)
     if blockers:
-        raise ConfigError(f"train.compile: {cfg.run_id if hasattr(cfg, 'run_id') else cfg.name}: these mixers do not compile "
-                          f"({'; '.join(blockers)}); set train.compile = false")
+        raise ConfigError(
+            f"train.compile: {cfg.run_id if hasattr(cfg, 'run_id') else cfg.name}: these mixers do not compile "
+            f"({'; '.join(blockers)}); set train.compile = false"
+        )
     if not hasattr(torch, "compile"):
         raise ConfigError("train.compile: this torch has no torch.compile")
 
@@ -65,8 +67,7 @@ def compile_for_training(model: torch.nn.Module, cfg: Any, log=print) -> torch.n
 
     model.forward = forward  # an instance attribute: nn.Module.__call__ finds it before the class's forward
     model._basecap_eager_forward = eager  # type: ignore[assignment]  # a plain attribute on the module (nn.Module types unknown ones as Tensor | Module)
-    log(f"[{cfg.run_id}] train.compile: the training forward/backward runs through torch.compile "
-        "(the first step compiles; evaluation stays eager)")
+    log(f"[{cfg.run_id}] train.compile: the training forward/backward runs through torch.compile (the first step compiles; evaluation stays eager)")
     return model
 
 

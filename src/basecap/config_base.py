@@ -41,8 +41,10 @@ def name_problem(value: Any, what: str = "names") -> str | None:
         return f"expected a name (a string), got {value!r}"
     if re.fullmatch(NAME, value):
         return None
-    rule = (f"{what} may use letters, digits and _ . + - only, not starting with . + or -, at most {NAME_MAX} "
-            "characters (a name becomes a file or folder name)")
+    rule = (
+        f"{what} may use letters, digits and _ . + - only, not starting with . + or -, at most {NAME_MAX} "
+        "characters (a name becomes a file or folder name)"
+    )
     if len(value) > NAME_MAX:
         return f"{value[:20]!r}... is {len(value)} characters long; {rule}"
     bad = "".join(dict.fromkeys(c for c in value if not re.fullmatch(r"[A-Za-z0-9_.+-]", c)))
@@ -100,8 +102,10 @@ def value_label(key: str, value) -> str:
         return repr(value)
     if isinstance(value, str) and re.fullmatch(LABEL, value):
         return value
-    raise ConfigError(f"sweep.{key}: {value!r} cannot name a run; swept values are numbers, booleans or names of "
-                      "at most 64 letters, digits and _ . + - (sweep tables through [[runs]] entries)")
+    raise ConfigError(
+        f"sweep.{key}: {value!r} cannot name a run; swept values are numbers, booleans or names of "
+        "at most 64 letters, digits and _ . + - (sweep tables through [[runs]] entries)"
+    )
 
 
 def sweep_name(name: str, point: dict[str, Any], labels: dict[str, str]) -> str:

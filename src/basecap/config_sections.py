@@ -25,8 +25,9 @@ Logger = Literal["jsonl", "tensorboard", "wandb"]
 
 class DataConfig(Strict):
     recipe: str = Field("default", description="built-in recipe name or path to a recipe TOML")
-    train_weights: dict[str, float] = Field(default_factory=lambda: {"prose": 1.0},
-                                            description="domain -> sampling weight; limited-domain vs mixed-domain setting")
+    train_weights: dict[str, float] = Field(
+        default_factory=lambda: {"prose": 1.0}, description="domain -> sampling weight; limited-domain vs mixed-domain setting"
+    )
     eval_domains: list[str] | None = Field(None, description="domains evaluated; default: every domain of the corpus")
     seq_len: int = Field(256, gt=1, le=MAX_SEQ_LEN)
 
@@ -51,12 +52,18 @@ class TrainConfig(Strict):
     lr: float = Field(3e-3, gt=0, le=1)
     min_lr_ratio: float = Field(0.1, ge=0, le=1)
     warmup_steps: int = Field(30, ge=0)
-    schedule: Literal["cosine", "wsd"] = Field("cosine", description="cosine: warmup then cosine decay to lr x min_lr_ratio; "
-                                               "wsd: warmup, constant lr, then a decay over the last decay_fraction of the steps")
+    schedule: Literal["cosine", "wsd"] = Field(
+        "cosine",
+        description="cosine: warmup then cosine decay to lr x min_lr_ratio; "
+        "wsd: warmup, constant lr, then a decay over the last decay_fraction of the steps",
+    )
     decay_fraction: float = Field(0.2, gt=0, le=1, description="wsd: the share of the steps spent decaying (Haegele et al. 2024: 0.2)")
     decay_shape: Literal["linear", "cosine", "1-sqrt"] = Field("1-sqrt", description="shape of a wsd decay and of every cooldown branch")
-    cooldowns: list[int] = Field(default_factory=list, description="steps at which the run forks a cooldown branch that decays the "
-                                 "lr to the floor and is evaluated at its end (an annealed point); the main run is unchanged")
+    cooldowns: list[int] = Field(
+        default_factory=list,
+        description="steps at which the run forks a cooldown branch that decays the "
+        "lr to the floor and is evaluated at its end (an annealed point); the main run is unchanged",
+    )
     cooldown_fraction: float = Field(0.2, gt=0, le=1, description="a branch forked at step s decays over round(fraction x s) steps")
     keep_cooldown_weights: bool = Field(False, description="keep each branch's final weights (annealed/step_<s>/model.safetensors)")
     weight_decay: float = Field(0.1, ge=0)
@@ -65,8 +72,9 @@ class TrainConfig(Strict):
     device: Literal["auto", "cpu", "cuda"] = "auto"
     dtype: Literal["auto", "fp32", "bf16"] = Field("auto", description="auto: fp32 on CPU, bf16 autocast on CUDA")
     threads: int | None = Field(None, gt=0, description="torch intra-op threads on CPU (default: all cores)")
-    peak_flops: float | None = Field(None, gt=0, description="peak FLOP/s of one device, the denominator of the logged MFU "
-                                                             "(default: a matmul measured at the start of training)")
+    peak_flops: float | None = Field(
+        None, gt=0, description="peak FLOP/s of one device, the denominator of the logged MFU (default: a matmul measured at the start of training)"
+    )
     compile: bool = False
     parallel: Literal["ddp", "fsdp"] = Field("ddp", description="data parallelism under torchrun (DDP, or FSDP2 sharding)")
     dist_timeout_s: float = Field(600.0, gt=0, le=86400, description="seconds a collective may wait for the other ranks under torchrun")
@@ -75,7 +83,8 @@ class TrainConfig(Strict):
     log_every: int = Field(10, gt=0)
     progress: bool = True
     loggers: list[Logger] = Field(
-        default_factory=lambda: list[Logger](["jsonl"]), description="jsonl (always on, the source of truth), tensorboard, wandb (docs/tracking.md)")
+        default_factory=lambda: list[Logger](["jsonl"]), description="jsonl (always on, the source of truth), tensorboard, wandb (docs/tracking.md)"
+    )
 
     @field_validator("loggers")
     @classmethod
@@ -110,21 +119,29 @@ class EvalConfig(Strict):
     split: Literal["validation", "test"] = "validation"
     max_tokens: int = Field(65536, gt=0, description="evaluation tokens per domain (windows spread over the split)")
     batch_size: int = Field(8, gt=0, le=MAX_BATCH)
-    seen_min_count: int = Field(10, gt=0, description="targets seen at least this often in the training domains' train split are "
-                                "'seen'; fewer but > 0: 'rare'; 0: 'unseen' (each OOD loss is also recorded per stratum)")
+    seen_min_count: int = Field(
+        10,
+        gt=0,
+        description="targets seen at least this often in the training domains' train split are "
+        "'seen'; fewer but > 0: 'rare'; 0: 'unseen' (each OOD loss is also recorded per stratum)",
+    )
 
 
 class CompareConfig(Strict):
     """How a study compares its runs, fixed in the study file before any result is seen (docs/metrics.md)."""
 
-    band: tuple[float, float] | None = Field(None, description="[low, high] in-domain loss: the primary gap is the mean gap "
-                                             "over this band, the same for every comparison of the study")
-    match_domains: list[str] | None = Field(None, description="domains whose (token-weighted mean) loss is the matching "
-                                            "coordinate; default: each run's training domains (in_domain_loss)")
-    targets: Literal["all", "seen"] = Field("seen", description="primary OOD loss: every target, or the targets seen at least "
-                                            "eval.seen_min_count times in training")
-    points: Literal["evals", "annealed"] = Field("annealed", description="primary curve: the run's evaluations, or its annealed "
-                                                 "points (cooldown branches and a wsd run's end)")
+    band: tuple[float, float] | None = Field(
+        None, description="[low, high] in-domain loss: the primary gap is the mean gap over this band, the same for every comparison of the study"
+    )
+    match_domains: list[str] | None = Field(
+        None, description="domains whose (token-weighted mean) loss is the matching coordinate; default: each run's training domains (in_domain_loss)"
+    )
+    targets: Literal["all", "seen"] = Field(
+        "seen", description="primary OOD loss: every target, or the targets seen at least eval.seen_min_count times in training"
+    )
+    points: Literal["evals", "annealed"] = Field(
+        "annealed", description="primary curve: the run's evaluations, or its annealed points (cooldown branches and a wsd run's end)"
+    )
 
     @field_validator("band")
     @classmethod

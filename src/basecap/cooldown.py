@@ -61,8 +61,13 @@ def run_branch(run, fork: int, step_fn, evaluate_fn, lr_fn, log) -> dict:
         step_fn(run, fork + k, lr_fn(k, length, start_lr, floor))
         if (k + 1) % tc.checkpoint_every == 0 and k + 1 < length:
             save_checkpoint(root, fork + k + 1, run.model, run.opt, {"cooldown_of": fork}, keep=1, env=run.env)
-    extra = {"end_step": fork + length, "cooldown_steps": length, "start_lr": start_lr, "end_lr": lr_fn(length - 1, length, start_lr, floor),
-             "tokens": (fork + length) * run.tokens_per_step}
+    extra = {
+        "end_step": fork + length,
+        "cooldown_steps": length,
+        "start_lr": start_lr,
+        "end_lr": lr_fn(length - 1, length, start_lr, floor),
+        "tokens": (fork + length) * run.tokens_per_step,
+    }
     rec = evaluate_fn(run, fork, "anneal", extra)
     if tc.keep_cooldown_weights:  # the checkpoint writer's full weights (tied embeddings and FSDP shards handled there)
         final = Path(save_checkpoint(root, fork + length, run.model, run.opt, {"cooldown_of": fork}, keep=1, env=run.env))

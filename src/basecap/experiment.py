@@ -56,8 +56,9 @@ def prepare_corpus(runs: list[RunConfig], log=print):
     recipe = load_recipe(recipes.pop())
     for rc in runs:
         try:
-            check_domains({"data.train_weights": rc.data.train_weights, "data.eval_domains": rc.data.eval_domains or []},
-                          list(recipe.domains), source="recipe")
+            check_domains(
+                {"data.train_weights": rc.data.train_weights, "data.eval_domains": rc.data.eval_domains or []}, list(recipe.domains), source="recipe"
+            )
         except ConfigError as e:
             raise ConfigError(f"{rc.name}: {e}") from None
     return build_corpus(recipe, log=log)
@@ -122,6 +123,7 @@ def _reuse_then(train_fn, reuse: list[Path] | None, log):
         if int(os.environ.get("RANK", "0")) == 0:
             reuse_run(json.loads(rc.model_dump_json()), rc.run_id, Path(run_dir), list(reuse), log=log)
         return train_fn(rc, run_dir)
+
     return fn
 
 
@@ -129,8 +131,9 @@ def _silent(*_) -> None:
     """The log of a rank other than 0."""
 
 
-def train_experiment(path: str | Path, overrides: list[str] | None = None, only: list[str] | None = None,
-                     log=print, reuse: list[Path] | None = None) -> list[tuple[RunConfig, dict]]:
+def train_experiment(
+    path: str | Path, overrides: list[str] | None = None, only: list[str] | None = None, log=print, reuse: list[Path] | None = None
+) -> list[tuple[RunConfig, dict]]:
     """``basecap train``: train the runs of an experiment (or those in ``only``) without evaluating or
     reporting; a tune experiment tunes first, exactly as ``run_experiment`` does. Under torchrun only rank 0
     logs. Returns (run, final evaluation record) per compared run."""
@@ -154,8 +157,7 @@ def speed_spec(mixer) -> str:
     """The bench's ``NAME[:key=value,...]`` for a run's mixer: its switches that differ from the defaults
     (a sliding window is benchmarked as itself, not as full attention)."""
     over = mixer.model_dump(exclude_defaults=True, exclude={"name", "impl"})
-    return mixer.name + (":" + ",".join(f"{k}={json.dumps(v) if not isinstance(v, str) else v}"
-                                        for k, v in sorted(over.items())) if over else "")
+    return mixer.name + (":" + ",".join(f"{k}={json.dumps(v) if not isinstance(v, str) else v}" for k, v in sorted(over.items())) if over else "")
 
 
 def _stored(result: Path, pick):
@@ -195,8 +197,9 @@ def run_suites(exp: ExperimentConfig, rc: RunConfig, run_dir: Path, log=print):
         run_suite(run_dir, spec["suite"], out_dir=out, **opts)
 
 
-def run_experiment(path: str | Path, overrides: list[str] | None = None, log=print, only: list[str] | None = None,
-                   reuse: list[Path] | None = None) -> Path | None:
+def run_experiment(
+    path: str | Path, overrides: list[str] | None = None, log=print, only: list[str] | None = None, reuse: list[Path] | None = None
+) -> Path | None:
     """Returns the path of the report (report.md). With ``only`` (run names, as ``basecap train --run``), the
     part of a study that one process can take while others take the rest: those runs are tuned, trained,
     evaluated and given their suites, and no speed section or report is written (None is returned); a later
@@ -223,8 +226,10 @@ def run_experiment(path: str | Path, overrides: list[str] | None = None, log=pri
             evaluate_run(rd.path, corpus=corpus, log=log)
         run_suites(exp, rc, rd.path, log=log)
     if only:
-        log(f"\nexperiment {exp.name}: {len(runs)} run(s) of {', '.join(only)} done in {time.perf_counter() - t0:.0f} s; "
-            "run it without --run for the speed section and the report")
+        log(
+            f"\nexperiment {exp.name}: {len(runs)} run(s) of {', '.join(only)} done in {time.perf_counter() - t0:.0f} s; "
+            "run it without --run for the speed section and the report"
+        )
         return None
     speed_json = None
     if exp.speed is not None:
@@ -235,11 +240,24 @@ def run_experiment(path: str | Path, overrides: list[str] | None = None, log=pri
             from .bench.mixers import main as bench_mixers
 
             log(f"== speed: {', '.join(names)}")
-            bench_mixers(["--mixers", *names, "--lengths", *map(str, exp.speed.lengths), "--contexts", *map(str, exp.speed.contexts),
-                          "--reps", str(exp.speed.reps), "--out", str(speed_json.parent)])
+            bench_mixers(
+                [
+                    "--mixers",
+                    *names,
+                    "--lengths",
+                    *map(str, exp.speed.lengths),
+                    "--contexts",
+                    *map(str, exp.speed.contexts),
+                    "--reps",
+                    str(exp.speed.reps),
+                    "--out",
+                    str(speed_json.parent),
+                ]
+            )
     tuning_json = out / TUNING_FILE if exp.tune is not None else None
-    rep = report([out / rc.run_id for rc in runs], out / "report", reference=report_reference(exp, runs), speed_json=speed_json,
-                 tuning_json=tuning_json)
+    rep = report(
+        [out / rc.run_id for rc in runs], out / "report", reference=report_reference(exp, runs), speed_json=speed_json, tuning_json=tuning_json
+    )
     log((rep.read_text().split("## Figures")[0]).rstrip())
     log(f"\nexperiment {exp.name}: {len(runs)} run(s) in {time.perf_counter() - t0:.0f} s")
     log(f"report: {rep.parent / 'report.html'} (and report.md)")

@@ -46,6 +46,7 @@ class _AfterLmEvalModels(importlib.abc.MetaPathFinder):
         def exec_then_register(module):
             exec_module(module)
             _safe_register()
+
         spec.loader.exec_module = exec_then_register  # type: ignore[method-assign]  # this spec's loader only: register after lm-eval's models
         return spec
 

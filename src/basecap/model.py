@@ -35,10 +35,12 @@ class ModelConfig(Strict):
     """The model's shape and parts. Validating it builds nothing; ``match_params`` is applied by the
     explicit resolve step (``basecap.matching.resolve``)."""
 
-    preset: PresetName | None = Field(None, description="size preset: fills d_model, n_layers, max_seq_len "
-                                                         "(explicit values win) and turns on match_params")
-    match_params: bool = Field(False, description="resize the MLP so non-embedding params match Transformer++ at this depth/width "
-                                                  "(applied when the config is resolved)")
+    preset: PresetName | None = Field(
+        None, description="size preset: fills d_model, n_layers, max_seq_len (explicit values win) and turns on match_params"
+    )
+    match_params: bool = Field(
+        False, description="resize the MLP so non-embedding params match Transformer++ at this depth/width (applied when the config is resolved)"
+    )
     vocab_size: int = Field(8192, gt=0, description="set from the tokenizer when data is built")
     d_model: int = Field(192, gt=0)
     n_layers: int = Field(4, gt=0)
@@ -48,9 +50,11 @@ class ModelConfig(Strict):
     layer_mixers: dict[int, Any] = Field(default_factory=dict, description="per-layer mixer overrides (hybrids)")
     tie_embeddings: bool = False
     head_impl: HeadImpl = Field(
-        "auto", description="the LM head's loss: 'chunked' never materialises the [tokens, vocab] logits (gradients folded "
-                            "chunk by chunk), 'fast' is fla's fused kernel (CUDA training loss), 'auto' the fast one where "
-                            "it runs and chunked elsewhere, 'plain' the whole logits and F.cross_entropy (the reference)")
+        "auto",
+        description="the LM head's loss: 'chunked' never materialises the [tokens, vocab] logits (gradients folded "
+        "chunk by chunk), 'fast' is fla's fused kernel (CUDA training loss), 'auto' the fast one where "
+        "it runs and chunked elsewhere, 'plain' the whole logits and F.cross_entropy (the reference)",
+    )
     norm_eps: float = Field(1e-5, gt=0)
     init_std: float = Field(0.02, gt=0)
 
@@ -134,8 +138,7 @@ class LM(nn.Module):
                 s = std / math.sqrt(2 * self.cfg.n_layers) if name.endswith(("o_proj", "out_proj", "down")) else std
                 nn.init.normal_(mod.weight, 0.0, s)
 
-    def forward(self, idx: torch.Tensor, state=None, *, targets: torch.Tensor | None = None, reduction: str = "mean",
-                ignore_index: int = -100):
+    def forward(self, idx: torch.Tensor, state=None, *, targets: torch.Tensor | None = None, reduction: str = "mean", ignore_index: int = -100):
         """idx [B, T] -> (logits [B, T, V], new state). With ``targets`` [B, T] -> (loss, new state): the
         cross-entropy through the head of ``cfg.head_impl`` (by default the logits never exist whole), a
         scalar for ``reduction`` "mean" (over non-ignored targets) or "sum", fp32 per-token losses [B, T]

@@ -56,8 +56,14 @@ DATASHEET: list[tuple[str, dict[str, float]]] = [
 _PEAKS: dict[tuple, float] = {}
 
 
-def matmul_peak_flops(device: torch.device, dtype: torch.dtype = torch.float32, size: int = PEAK_MATMUL_SIZE, reps: int = 3,
-                      cached: bool = True, clock: Callable[[], float] = time.perf_counter) -> float:
+def matmul_peak_flops(
+    device: torch.device,
+    dtype: torch.dtype = torch.float32,
+    size: int = PEAK_MATMUL_SIZE,
+    reps: int = 3,
+    cached: bool = True,
+    clock: Callable[[], float] = time.perf_counter,
+) -> float:
     """A quick probe: FLOP/s (2 size^3 per product) of a square ``size`` matmul in ``dtype`` on ``device`` at the
     current thread count, the fastest of ``reps`` after one warm-up. ``clock=time.process_time`` gives FLOPs per
     CPU-second of this process instead (CPU only). Cached per process unless ``cached`` is False. MFU's
@@ -95,9 +101,16 @@ def _wall_and_cpu(a, b, out) -> tuple[float, float | None]:
     return time.perf_counter() - w, time.process_time() - c
 
 
-def measure_until_stable(device: torch.device, dtype: torch.dtype = torch.float32, size: int = PEAK_MATMUL_SIZE,
-                         min_products: int = MIN_PRODUCTS, patience: int = PATIENCE, tol: float = STABLE_TOL,
-                         max_s: float = MAX_S, timer: Callable | None = None) -> dict:
+def measure_until_stable(
+    device: torch.device,
+    dtype: torch.dtype = torch.float32,
+    size: int = PEAK_MATMUL_SIZE,
+    min_products: int = MIN_PRODUCTS,
+    patience: int = PATIENCE,
+    tol: float = STABLE_TOL,
+    max_s: float = MAX_S,
+    timer: Callable | None = None,
+) -> dict:
     """Time square products one by one (after two warm-ups) until the fastest has not improved by more than
     ``tol`` over ``patience`` products in a row, with at least ``min_products``, stopping after ``max_s``
     seconds. A product's rate is the faster of 2 size^3 / wall seconds and 2 size^3 x threads / CPU seconds.
@@ -170,8 +183,7 @@ def nominal_cpu_limit(threads: int, cpuinfo: list[dict[str, str]] | None = None)
     used = max(1, min(threads, cores))
     ghz = float(cpus[0]["cpu MHz"]) / 1e3
     flops = used * ghz * 1e9 * lanes * FMA_UNITS * 2
-    return {"flops": flops, "text": f"{used} core(s) x {ghz:.2f} GHz x {lanes} fp32 lanes x {FMA_UNITS} FMA units x 2 = "
-                                    f"{flops / 1e9:.0f} GFLOP/s"}
+    return {"flops": flops, "text": f"{used} core(s) x {ghz:.2f} GHz x {lanes} fp32 lanes x {FMA_UNITS} FMA units x 2 = {flops / 1e9:.0f} GFLOP/s"}
 
 
 def datasheet_flops(device_name: str, dtype: torch.dtype, tf32: bool | None = None) -> float | None:
@@ -224,9 +236,16 @@ def peak_flops(device: torch.device, dtype: torch.dtype = torch.float32, refresh
         if log:
             log(f"measuring the peak FLOP/s of {key} (once per machine; basecap peak --refresh measures again)")
         m = measure_until_stable(device, dtype)
-        entry = {"flops": m["flops"], "median": m["median"], "wall_flops": m.get("wall_flops"), "products": m["products"], "stable": m["stable"],
-                 "size": PEAK_MATMUL_SIZE, "measured_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                 "load_average": os.getloadavg()[0] if hasattr(os, "getloadavg") else None}
+        entry = {
+            "flops": m["flops"],
+            "median": m["median"],
+            "wall_flops": m.get("wall_flops"),
+            "products": m["products"],
+            "stable": m["stable"],
+            "size": PEAK_MATMUL_SIZE,
+            "measured_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "load_average": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
+        }
         if device.type == "cpu":
             entry["nominal"] = nominal_cpu_limit(threads)
         store = read_store(home)  # read again: another process may have stored other entries meanwhile
@@ -240,8 +259,10 @@ def peak_flops(device: torch.device, dtype: torch.dtype = torch.float32, refresh
 def _source(key: str, entry: dict) -> str:
     settled = "stable" if entry.get("stable") else "NOT stable (time limit)"
     load = f", load average {entry['load_average']:.1f}" if entry.get("load_average") is not None else ""
-    text = (f"stored: {key}, {entry['size']}^3 matmul, fastest of {entry['products']} by wall or CPU time ({settled}; median "
-            f"{entry['median'] / 1e9:.1f} GFLOP/s), measured {entry['measured_at']}{load}")
+    text = (
+        f"stored: {key}, {entry['size']}^3 matmul, fastest of {entry['products']} by wall or CPU time ({settled}; median "
+        f"{entry['median'] / 1e9:.1f} GFLOP/s), measured {entry['measured_at']}{load}"
+    )
     nominal = entry.get("nominal")
     if nominal:
         text += f"; nominal limit {nominal['text']}"

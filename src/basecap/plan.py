@@ -114,8 +114,7 @@ def memory_per_gpu(model, seq_len: int, micro_batch: int, gpus: int, parallel: s
     return out
 
 
-def plan_run(rc: RunConfig, gpus: int = 8, gpu: str = "H100-80GB", mfu: float = 0.4, parallel: str | None = None,
-             seeds: int = 1) -> dict:
+def plan_run(rc: RunConfig, gpus: int = 8, gpu: str = "H100-80GB", mfu: float = 0.4, parallel: str | None = None, seeds: int = 1) -> dict:
     from .model import LM
 
     if gpus < 1:
@@ -137,28 +136,55 @@ def plan_run(rc: RunConfig, gpus: int = 8, gpu: str = "H100-80GB", mfu: float = 
     issues = []
     per_rank = tr.batch_size / (gpus * tr.grad_accum)
     if tr.batch_size % (gpus * tr.grad_accum):
-        issues.append(f"train.batch_size={tr.batch_size} is not divisible by gpus x grad_accum = {gpus} x {tr.grad_accum}; "
-                      "the trainer will refuse it")
+        issues.append(
+            f"train.batch_size={tr.batch_size} is not divisible by gpus x grad_accum = {gpus} x {tr.grad_accum}; the trainer will refuse it"
+        )
     micro = max(1, math.ceil(per_rank))
     mem = memory_per_gpu(model, T, micro, gpus, parallel)
     fits = mem["total"] <= spec["mem_gib"]
     if not fits:
-        issues.append(f"does not fit: ~{mem['total']:.1f} GiB per GPU > {spec['mem_gib']:.0f} GiB ({gpu_name}); "
-                      + _suggest(model, rc, gpus, parallel, spec["mem_gib"]))
+        issues.append(
+            f"does not fit: ~{mem['total']:.1f} GiB per GPU > {spec['mem_gib']:.0f} GiB ({gpu_name}); "
+            + _suggest(model, rc, gpus, parallel, spec["mem_gib"])
+        )
     elif mem["total"] > 0.9 * spec["mem_gib"]:
         issues.append(f"tight: ~{mem['total']:.1f} of {spec['mem_gib']:.0f} GiB per GPU")
     flops_per_s = gpus * spec["tflops"] * 1e12 * mfu
     seconds = train_fpt * total_tokens / flops_per_s
     return {
-        "run": rc.name, "seeds": seeds, "mixer": rc.model.mixer.name, "mlp": rc.model.mlp.name,
-        "n_layers": rc.model.n_layers, "d_model": rc.model.d_model, "vocab_size": vocab, "vocab_source": vocab_source,
-        "seq_len": T, "params_total": counts["total"], "params_non_embedding": counts["non_embedding"],
-        "fwd_flops_per_token": fwd, "train_flops_per_token": train_fpt, "six_n": 6.0 * counts["non_embedding"],
-        "batch_size": tr.batch_size, "grad_accum": tr.grad_accum, "micro_batch_per_gpu": per_rank,
-        "tokens_per_step": tokens_per_step, "steps": tr.steps, "branch_steps": branch_steps, "total_tokens": total_tokens,
-        "total_train_flops": train_fpt * total_tokens, "gpus": gpus, "gpu": gpu_name, "parallel": parallel,
-        "peak_tflops": spec["tflops"], "mfu": mfu, "memory_gib": mem, "gpu_mem_gib": spec["mem_gib"], "fits": fits,
-        "tokens_per_s": flops_per_s / train_fpt, "est_hours": seconds / 3600, "issues": issues,
+        "run": rc.name,
+        "seeds": seeds,
+        "mixer": rc.model.mixer.name,
+        "mlp": rc.model.mlp.name,
+        "n_layers": rc.model.n_layers,
+        "d_model": rc.model.d_model,
+        "vocab_size": vocab,
+        "vocab_source": vocab_source,
+        "seq_len": T,
+        "params_total": counts["total"],
+        "params_non_embedding": counts["non_embedding"],
+        "fwd_flops_per_token": fwd,
+        "train_flops_per_token": train_fpt,
+        "six_n": 6.0 * counts["non_embedding"],
+        "batch_size": tr.batch_size,
+        "grad_accum": tr.grad_accum,
+        "micro_batch_per_gpu": per_rank,
+        "tokens_per_step": tokens_per_step,
+        "steps": tr.steps,
+        "branch_steps": branch_steps,
+        "total_tokens": total_tokens,
+        "total_train_flops": train_fpt * total_tokens,
+        "gpus": gpus,
+        "gpu": gpu_name,
+        "parallel": parallel,
+        "peak_tflops": spec["tflops"],
+        "mfu": mfu,
+        "memory_gib": mem,
+        "gpu_mem_gib": spec["mem_gib"],
+        "fits": fits,
+        "tokens_per_s": flops_per_s / train_fpt,
+        "est_hours": seconds / 3600,
+        "issues": issues,
     }
 
 
@@ -173,8 +199,9 @@ def _suggest(model, rc: RunConfig, gpus: int, parallel: str, capacity: float) ->
     return "even a micro-batch of 1 does not fit: use more or larger GPUs, FSDP, or activation checkpointing"
 
 
-def plan_experiment(path: str | Path, overrides: list[str] | None = None, gpus: int = 8, gpu: str = "H100-80GB",
-                    mfu: float = 0.4, parallel: str | None = None) -> list[dict]:
+def plan_experiment(
+    path: str | Path, overrides: list[str] | None = None, gpus: int = 8, gpu: str = "H100-80GB", mfu: float = 0.4, parallel: str | None = None
+) -> list[dict]:
     """One row per run of the experiment (seeds share a row; ``seeds`` counts them). A tune experiment has
     two phases, each row tagged with its ``phase``: the tuning runs (every value on the tuning seeds), then
     the comparison runs, sized at the first value of the tuning grid until the tuning has chosen."""
@@ -209,8 +236,7 @@ def _note_tuned_costs(exp, rows: list[dict]):
             continue
         tried = [by_name[name] for _, name in exp.tuning_grid()[r["run"]]]
         if len({(t["total_train_flops"], round(t["memory_gib"]["total"], 3)) for t in tried}) > 1:
-            r["issues"].append("sized at the first tuned value; the chosen one may differ in time and memory "
-                               "(see its tuning rows)")
+            r["issues"].append("sized at the first tuned value; the chosen one may differ in time and memory (see its tuning rows)")
 
 
 def _n(x: float, unit: str = "") -> str:
@@ -242,9 +268,20 @@ _LEFT = {"run", "mixer", "fits"}  # text columns; numbers align right
 def _cells(r: dict) -> list[str]:
     """One plan row's cells, in the order of COLUMNS."""
     seeds = f" x{r['seeds']}" if r["seeds"] > 1 else ""
-    return [r["run"] + seeds, r["mixer"], _n(r["params_total"]), _n(r["params_non_embedding"]), _n(r["fwd_flops_per_token"]),
-            _n(r["train_flops_per_token"]), _n(r["tokens_per_step"]), _n(r["total_tokens"]), f"{r['micro_batch_per_gpu']:.3g}",
-            f"{r['memory_gib']['total']:.1f} GiB", "yes" if r["fits"] else "NO", _duration(r["est_hours"])]
+    return [
+        r["run"] + seeds,
+        r["mixer"],
+        _n(r["params_total"]),
+        _n(r["params_non_embedding"]),
+        _n(r["fwd_flops_per_token"]),
+        _n(r["train_flops_per_token"]),
+        _n(r["tokens_per_step"]),
+        _n(r["total_tokens"]),
+        f"{r['micro_batch_per_gpu']:.3g}",
+        f"{r['memory_gib']['total']:.1f} GiB",
+        "yes" if r["fits"] else "NO",
+        _duration(r["est_hours"]),
+    ]
 
 
 def _line(cells: list[str], widths: list[int]) -> str:
@@ -260,8 +297,14 @@ def format_plan(rows: list[dict], as_json: bool = False) -> str:
     r0 = rows[0]
     cells = [_cells(r) for r in rows]
     widths = [max(len(col), *(len(c[i]) for c in cells)) for i, col in enumerate(COLUMNS)]
-    lines = [(f"plan: {r0['gpus']} x {r0['gpu']} ({r0['peak_tflops']:.0f} bf16 TFLOP/s peak, MFU {r0['mfu']:.2f}), "
-             f"{r0['parallel'].upper()}; FLOPs per token at each run's seq_len, training = 3 x forward"), "", _line(list(COLUMNS), widths)]
+    lines = [
+        (
+            f"plan: {r0['gpus']} x {r0['gpu']} ({r0['peak_tflops']:.0f} bf16 TFLOP/s peak, MFU {r0['mfu']:.2f}), "
+            f"{r0['parallel'].upper()}; FLOPs per token at each run's seq_len, training = 3 x forward"
+        ),
+        "",
+        _line(list(COLUMNS), widths),
+    ]
     total_h, phase = 0.0, None
     for r, row in zip(rows, cells):
         if r.get("phase") != phase:
@@ -273,16 +316,21 @@ def format_plan(rows: list[dict], as_json: bool = False) -> str:
     lines += ["", "memory per GPU (GiB) = model states + comm buffers + activations (one micro-batch, bf16) + reserve:"]
     for r in rows:
         m = r["memory_gib"]
-        lines.append(f"  {r['run']:<{w}}{m['model_states']:>7.1f} + {m['comm_buffers']:.1f} + {m['activations']:.1f} + {m['reserve']:.1f}"
-                     f" = {m['total']:.1f} of {r['gpu_mem_gib']:.0f}   (vocab {r['vocab_size']} from {r['vocab_source']})")
+        lines.append(
+            f"  {r['run']:<{w}}{m['model_states']:>7.1f} + {m['comm_buffers']:.1f} + {m['activations']:.1f} + {m['reserve']:.1f}"
+            f" = {m['total']:.1f} of {r['gpu_mem_gib']:.0f}   (vocab {r['vocab_size']} from {r['vocab_source']})"
+        )
     branched = [r for r in rows if r.get("branch_steps")]
     if branched:
         lines += ["", "cooldown branches (annealed points; counted in tokens and time):"]
-        lines += [f"  {r['run']:<{w}}{r['branch_steps']} steps on top of {r['steps']} (+{100 * r['branch_steps'] / r['steps']:.0f}%)"
-                  for r in branched]
+        lines += [
+            f"  {r['run']:<{w}}{r['branch_steps']} steps on top of {r['steps']} (+{100 * r['branch_steps'] / r['steps']:.0f}%)" for r in branched
+        ]
     problems = [(r["run"], i) for r in rows for i in r["issues"]]
     if problems:
         lines += ["", "issues:"] + [f"  {run}: {msg}" for run, msg in problems]
-    lines += ["", (f"total: {_duration(total_h)} on {r0['gpus']} GPUs ({total_h * r0['gpus']:.3g} GPU-hours), all runs and seeds, "
-              "evaluation not included")]
+    lines += [
+        "",
+        (f"total: {_duration(total_h)} on {r0['gpus']} GPUs ({total_h * r0['gpus']:.3g} GPU-hours), all runs and seeds, evaluation not included"),
+    ]
     return "\n".join(lines)

@@ -50,10 +50,16 @@ def git_state() -> tuple[str | None, bool | None]:
     """(commit, dirty) of the source tree, read once per process: a process keeps the code it imported, so a
     later run of the same process (``--run`` trains several) must not report a commit made after it started."""
     try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
-                                cwd=Path(__file__).parent).stdout.strip() or None
-        dirty = bool(subprocess.run(["git", "status", "--porcelain"], capture_output=True, text=True, timeout=5,
-                                    cwd=Path(__file__).parent).stdout.strip()) if commit else None
+        commit = (
+            subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5, cwd=Path(__file__).parent).stdout.strip() or None
+        )
+        dirty = (
+            bool(
+                subprocess.run(["git", "status", "--porcelain"], capture_output=True, text=True, timeout=5, cwd=Path(__file__).parent).stdout.strip()
+            )
+            if commit
+            else None
+        )
     except (OSError, subprocess.SubprocessError):
         commit, dirty = None, None
     return commit, dirty
@@ -75,7 +81,10 @@ def environment_info(device) -> dict:
     if device.type == "cuda":
         dev["name"] = torch.cuda.get_device_name(device)
     return {
-        "git_commit": commit, "git_dirty": dirty, "python": sys.version.split()[0], "platform": platform.platform(),
+        "git_commit": commit,
+        "git_dirty": dirty,
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
         "packages": {p: version(p) for p in ("basecap", "torch", "numpy", "tokenizers", "safetensors", "pydantic")},
         "device": dev,
     }
@@ -150,7 +159,7 @@ class RunDir:
     @staticmethod
     def suite_label(result: Path) -> str | None:
         """The entry name of a suite result stored under ``suite_<name>/``, else None."""
-        return result.parent.name[len("suite_"):] if result.parent.name.startswith("suite_") else None
+        return result.parent.name[len("suite_") :] if result.parent.name.startswith("suite_") else None
 
     def create(self):
         self.path.mkdir(parents=True, exist_ok=True)
@@ -308,8 +317,9 @@ def _take_lock(path: Path) -> tuple[int | None, str | None]:
     except BlockingIOError:
         holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
         os.close(fd)
-        return None, (f"run directory {path.parent} is in use by process {holder} (lock file {path}); "
-                      "wait for that run to finish or stop it, then rerun")
+        return None, (
+            f"run directory {path.parent} is in use by process {holder} (lock file {path}); wait for that run to finish or stop it, then rerun"
+        )
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
     return fd, None

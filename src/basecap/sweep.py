@@ -37,6 +37,7 @@ def validation_loss(record: dict, run_id: str) -> float:
 def choose(means: list[float | None]) -> int:
     """Index of the lowest mean loss; a missing or non-finite one (a diverged run) never wins; ties go to
     the first in grid order."""
+
     def rank(i):
         m = means[i]
         return (m if m is not None and math.isfinite(m) else math.inf, i)
@@ -59,8 +60,7 @@ def _fingerprint(exp: ExperimentConfig, points: list[tuple[dict, str]], by_name:
     """What a stored choice depends on: the protocol and every tuning run's resolved config (a changed grid,
     seed list or training setting recomputes it)."""
     assert exp.tune is not None  # a tune experiment
-    configs = {rc.run_id: hashlib.sha256(rc.model_dump_json().encode()).hexdigest()[:16]
-               for _, name in points for rc in by_name[name]}
+    configs = {rc.run_id: hashlib.sha256(rc.model_dump_json().encode()).hexdigest()[:16] for _, name in points for rc in by_name[name]}
     return {"keys": exp.tune.keys, "seeds": exp.tune.seeds, "metric": exp.tune.metric, "split": SPLIT, "configs": configs}
 
 
@@ -79,8 +79,15 @@ def _entry(points: list[tuple[dict, str]], by_name: dict[str, list[RunConfig]], 
     return {"grid": fingerprint, "tried": tried, "chosen": best["values"], "chosen_name": best["name"]}
 
 
-def tune(exp: ExperimentConfig, runs: list[RunConfig], out: Path, train_fn: Callable[[RunConfig, Path], dict],
-         only: list[str] | None = None, log=print, write: bool = True) -> dict[str, dict[str, Any]]:
+def tune(
+    exp: ExperimentConfig,
+    runs: list[RunConfig],
+    out: Path,
+    train_fn: Callable[[RunConfig, Path], dict],
+    only: list[str] | None = None,
+    log=print,
+    write: bool = True,
+) -> dict[str, dict[str, Any]]:
     """The tuning phase: comparison run name -> chosen values, for every run (or those in ``only``).
 
     ``runs`` are the resolved tuning runs; ``train_fn(rc, run_dir)`` trains one and returns its final
@@ -99,8 +106,10 @@ def tune(exp: ExperimentConfig, runs: list[RunConfig], out: Path, train_fn: Call
     todo = [n for n in grid if entries.get(n, {}).get("grid") != prints[n]]
     if todo:
         wanted = {name for n in todo for _, name in grid[n]}
-        log(f"== tuning {', '.join(exp.tune.keys)} of {', '.join(todo)} on seeds {exp.tune.seeds} "
-            f"({sum(len(by_name[w]) for w in wanted)} runs; chosen on in-domain {SPLIT} loss)")
+        log(
+            f"== tuning {', '.join(exp.tune.keys)} of {', '.join(todo)} on seeds {exp.tune.seeds} "
+            f"({sum(len(by_name[w]) for w in wanted)} runs; chosen on in-domain {SPLIT} loss)"
+        )
         losses = {rc.run_id: validation_loss(train_fn(rc, out / rc.run_id), rc.run_id) for rc in runs if rc.name in wanted}
         for n in todo:
             entries[n] = _entry(grid[n], by_name, losses, prints[n])
@@ -117,8 +126,9 @@ def _values_text(values: dict) -> str:
 
 
 def _loss_text(entry: dict) -> str:
-    return "; ".join(f"{_values_text(t['values'])}: {t['mean']:.4f}" if t["mean"] is not None else f"{_values_text(t['values'])}: diverged"
-                     for t in entry["tried"])
+    return "; ".join(
+        f"{_values_text(t['values'])}: {t['mean']:.4f}" if t["mean"] is not None else f"{_values_text(t['values'])}: diverged" for t in entry["tried"]
+    )
 
 
 def _get(config: Any, key: str):
@@ -137,6 +147,9 @@ def check_trained_at_choice(out: Path, runs: list[RunConfig], keys: list[str]):
         stored, now = rd.read_info()["config"], json.loads(rc.model_dump_json())
         differ = [k for k in keys if _get(stored, k) != _get(now, k)]
         if differ:
-            raise ConfigError(f"{rd.path}: trained with " + ", ".join(f"{k}={_get(stored, k)}" for k in differ) + " but the tuning "
-                              "now chooses " + ", ".join(f"{k}={_get(now, k)}" for k in differ) +
-                              f" ({out / TUNING_FILE}); remove that folder to train it at the chosen value")
+            raise ConfigError(
+                f"{rd.path}: trained with " + ", ".join(f"{k}={_get(stored, k)}" for k in differ) + " but the tuning "
+                "now chooses "
+                + ", ".join(f"{k}={_get(now, k)}" for k in differ)
+                + f" ({out / TUNING_FILE}); remove that folder to train it at the chosen value"
+            )

@@ -60,8 +60,10 @@ def check_loggers(names: Iterable[str]) -> tuple[str, ...]:
     names = normalize_loggers(names)
     for n in names:
         if n in _NEEDS and importlib.util.find_spec(_NEEDS[n][0]) is None:
-            raise ConfigError(f"train.loggers: {n!r} needs the {_NEEDS[n][0]} package, which is not installed; "
-                              f"install it with: pip install 'basecap[{_NEEDS[n][1]}]'")
+            raise ConfigError(
+                f"train.loggers: {n!r} needs the {_NEEDS[n][0]} package, which is not installed; "
+                f"install it with: pip install 'basecap[{_NEEDS[n][1]}]'"
+            )
     return names
 
 
@@ -105,8 +107,17 @@ class Tracker:
         self.close(ok=exc_type is None)
 
 
-def open_loggers(names: Iterable[str], run_dir: str | Path, *, project: str, name: str, group: str | None = None,
-                 config: dict | None = None, history: Iterable[dict] = (), enabled: bool = True) -> Tracker:
+def open_loggers(
+    names: Iterable[str],
+    run_dir: str | Path,
+    *,
+    project: str,
+    name: str,
+    group: str | None = None,
+    config: dict | None = None,
+    history: Iterable[dict] = (),
+    enabled: bool = True,
+) -> Tracker:
     """Open the loggers ``names`` (``jsonl`` is written by the trainer and needs nothing here) for the run in
     ``run_dir``. ``history``: the records already in ``metrics.jsonl`` (after the trainer truncated it to
     its checkpoint), used to fill what a sink lacks. ``config`` is logged once, when a sink starts fresh.
@@ -164,24 +175,39 @@ class WandbSink:
     Every file goes under the run directory: the run folders (``<run_dir>/wandb/``) and wandb's own logs
     (``WANDB_CACHE_DIR``, unless the user set it)."""
 
-    def __init__(self, run_dir: Path, *, project: str, name: str, group: str | None = None,
-                 config: dict | None = None, history: Iterable[dict] = (), mode: str | None = None):
+    def __init__(
+        self,
+        run_dir: Path,
+        *,
+        project: str,
+        name: str,
+        group: str | None = None,
+        config: dict | None = None,
+        history: Iterable[dict] = (),
+        mode: str | None = None,
+    ):
         import wandb
 
         run_dir = Path(run_dir)
         self.state_path = run_dir / WANDB_STATE
         state = _read_json(self.state_path)
         if state is None:
-            state = {"id": _new_run_id(), "project": os.environ.get("WANDB_PROJECT") or _project_name(project),
-                     "name": name, "group": group}
+            state = {"id": _new_run_id(), "project": os.environ.get("WANDB_PROJECT") or _project_name(project), "name": name, "group": group}
             _write_json(self.state_path, state)
         self.id = state["id"]
         self.held = max_wandb_step(run_dir, self.id)
         with _env_default(WANDB_CACHE_DIR=str(run_dir / WANDB_DIR / "cache")):
-            self.run = wandb.init(project=state["project"], name=state["name"], group=state["group"], id=self.id,
-                                  resume="allow", dir=str(run_dir),
-                                  mode=mode or os.environ.get("WANDB_MODE") or "offline",  # type: ignore[arg-type]  # wandb checks it
-                                  config=config if self.held == 0 else None, job_type="train")
+            self.run = wandb.init(
+                project=state["project"],
+                name=state["name"],
+                group=state["group"],
+                id=self.id,
+                resume="allow",
+                dir=str(run_dir),
+                mode=mode or os.environ.get("WANDB_MODE") or "offline",  # type: ignore[arg-type]  # wandb checks it
+                config=config if self.held == 0 else None,
+                job_type="train",
+            )
         # an online run also knows the step the server holds (next step to log, once resumed)
         self.held = max(self.held, (getattr(self.run, "starting_step", 0) or 0) - 1)
         for rec in history:
@@ -223,11 +249,11 @@ def _wandb_log_records(path: Path) -> Iterator[bytes]:
         if left < 7:  # block trailer
             pos += left
             continue
-        crc, n, kind = struct.unpack("<IHB", data[pos:pos + 7])
+        crc, n, kind = struct.unpack("<IHB", data[pos : pos + 7])
         if kind == 0 and n == 0:  # zero padding to the end of the block
             pos += left
             continue
-        body = data[pos + 7:pos + 7 + n]
+        body = data[pos + 7 : pos + 7 + n]
         if len(body) < n or zlib.crc32(body, zlib.crc32(bytes([kind]))) & 0xFFFFFFFF != crc:
             return
         pos += 7 + n
@@ -306,5 +332,16 @@ def _env_default(**values: str):
             os.environ.pop(k, None)
 
 
-__all__ = ["LOGGERS", "TensorBoardSink", "Tracker", "WandbSink", "check_loggers", "max_wandb_step", "normalize_loggers",
-           "open_loggers", "read_wandb_file", "scalars", "wandb_run_files"]
+__all__ = [
+    "LOGGERS",
+    "TensorBoardSink",
+    "Tracker",
+    "WandbSink",
+    "check_loggers",
+    "max_wandb_step",
+    "normalize_loggers",
+    "open_loggers",
+    "read_wandb_file",
+    "scalars",
+    "wandb_run_files",
+]

@@ -143,8 +143,9 @@ def train(cfg: RunConfig, run_dir, corpus=None, log=print) -> dict:
 
 def _train(cfg: RunConfig, rd: RunDir, env: DistEnv, device, amp_dtype, corpus, log) -> dict:
     if env.active and cfg.train.batch_size % (env.world_size * cfg.train.grad_accum):
-        raise ConfigError(f"train.batch_size={cfg.train.batch_size} must be divisible by world_size x grad_accum = "
-                          f"{env.world_size} x {cfg.train.grad_accum}")
+        raise ConfigError(
+            f"train.batch_size={cfg.train.batch_size} must be divisible by world_size x grad_accum = {env.world_size} x {cfg.train.grad_accum}"
+        )
     if not env.is_main:
         log = lambda *_: None  # noqa: E731 - only rank 0 talks and writes
     finished = rd.read_done()
@@ -182,8 +183,14 @@ def _train(cfg: RunConfig, rd: RunDir, env: DistEnv, device, amp_dtype, corpus, 
 
 def _branch(run: _Run, fork: int) -> dict:
     """The cooldown branch forked after ``fork`` steps (``cooldown.run_branch``); the run is back at ``fork`` after it."""
-    return run_branch(run, fork, lambda r, step, lr: _step(r, step, lr), _evaluate,
-                      lambda k, n, start, floor: cooldown_lr(k, n, start, floor, run.cfg.train.decay_shape), run.log)
+    return run_branch(
+        run,
+        fork,
+        lambda r, step, lr: _step(r, step, lr),
+        _evaluate,
+        lambda k, n, start, floor: cooldown_lr(k, n, start, floor, run.cfg.train.decay_shape),
+        run.log,
+    )
 
 
 def _setup(cfg: RunConfig, rd: RunDir, env: DistEnv, device, amp_dtype, corpus, log) -> _Run:
@@ -194,11 +201,25 @@ def _setup(cfg: RunConfig, rd: RunDir, env: DistEnv, device, amp_dtype, corpus, 
         rd.create()
     corpus = corpus or build_corpus(load_recipe(cfg.data.recipe), log=log)
     # the batch of a step does not depend on grad_accum (a memory knob): micro-batches are slices of it
-    batches = TrainBatches(corpus, weights=cfg.data.train_weights, seq_len=cfg.data.seq_len, batch_size=cfg.train.batch_size // env.world_size,
-                           seed=cfg.train_seed, rank=env.rank, world_size=env.world_size)
-    evaluator = DomainEvaluator(corpus, cfg.data.eval_domains or corpus.domains, cfg.eval.split, cfg.data.seq_len,
-                                cfg.eval.batch_size, cfg.eval.max_tokens, train_weights=cfg.data.train_weights,
-                                seen_min_count=cfg.eval.seen_min_count)
+    batches = TrainBatches(
+        corpus,
+        weights=cfg.data.train_weights,
+        seq_len=cfg.data.seq_len,
+        batch_size=cfg.train.batch_size // env.world_size,
+        seed=cfg.train_seed,
+        rank=env.rank,
+        world_size=env.world_size,
+    )
+    evaluator = DomainEvaluator(
+        corpus,
+        cfg.data.eval_domains or corpus.domains,
+        cfg.eval.split,
+        cfg.data.seq_len,
+        cfg.eval.batch_size,
+        cfg.eval.max_tokens,
+        train_weights=cfg.data.train_weights,
+        seen_min_count=cfg.eval.seen_min_count,
+    )
     if cfg.train.threads and device.type == "cpu":
         torch.set_num_threads(cfg.train.threads)
     autocast = partial(torch.autocast, device_type=device.type, dtype=amp_dtype) if amp_dtype else None
@@ -218,14 +239,38 @@ def _setup(cfg: RunConfig, rd: RunDir, env: DistEnv, device, amp_dtype, corpus, 
         rd.truncate_metrics(start)
         rd.write_info(info)
     # the trackers fill what they lack up to the checkpoint from metrics.jsonl, and skip what they hold
-    tracker = open_loggers(cfg.train.loggers, rd.path, project=rd.path.resolve().parent.name, name=cfg.run_id, group=cfg.name,
-                           config=info, history=rd.read_metrics() if env.is_main else (), enabled=env.is_main)
+    tracker = open_loggers(
+        cfg.train.loggers,
+        rd.path,
+        project=rd.path.resolve().parent.name,
+        name=cfg.run_id,
+        group=cfg.name,
+        config=info,
+        history=rd.read_metrics() if env.is_main else (),
+        enabled=env.is_main,
+    )
     if start == 0:
         counts = info["params"]
-        log(f"[{cfg.run_id}] {cfg.model.mixer.name}: {counts['total'] / 1e6:.2f}M params "
-            f"({counts['non_embedding'] / 1e6:.2f}M non-embedding), {info['flops_per_token'] / 1e6:.1f} MFLOPs/token fwd, device {device}")
-    run = _Run(cfg, rd, env, device, autocast, model, opt, batches, evaluator, start, log, tracker,
-               train_flops_per_token=3 * info["flops_per_token"], peak_flops=peak["per_device"] * env.world_size)
+        log(
+            f"[{cfg.run_id}] {cfg.model.mixer.name}: {counts['total'] / 1e6:.2f}M params "
+            f"({counts['non_embedding'] / 1e6:.2f}M non-embedding), {info['flops_per_token'] / 1e6:.1f} MFLOPs/token fwd, device {device}"
+        )
+    run = _Run(
+        cfg,
+        rd,
+        env,
+        device,
+        autocast,
+        model,
+        opt,
+        batches,
+        evaluator,
+        start,
+        log,
+        tracker,
+        train_flops_per_token=3 * info["flops_per_token"],
+        peak_flops=peak["per_device"] * env.world_size,
+    )
     if cfg.train.progress and env.is_main:
         from tqdm import tqdm
 
@@ -246,10 +291,16 @@ def _run_info(cfg: RunConfig, model, corpus, env: DistEnv, device) -> dict:
     """What run.json records: the resolved config, sizes and provenance."""
     seq_len = cfg.data.seq_len
     return {
-        "run_id": cfg.run_id, "config": json.loads(cfg.model_dump_json()), "vocab_size": corpus.vocab_size,
+        "run_id": cfg.run_id,
+        "config": json.loads(cfg.model_dump_json()),
+        "vocab_size": corpus.vocab_size,
         "corpus": {"dir": corpus.dir.name, "tokenizer": corpus.tokenizer_path.name},
-        "params": model.param_counts(), "flops_per_token": model.flops_per_token(seq_len), "state_bytes": model.state_size(seq_len),
-        "world_size": env.world_size, "parallel": cfg.train.parallel if env.active else None, **environment_info(device),
+        "params": model.param_counts(),
+        "flops_per_token": model.flops_per_token(seq_len),
+        "state_bytes": model.state_size(seq_len),
+        "world_size": env.world_size,
+        "parallel": cfg.train.parallel if env.active else None,
+        **environment_info(device),
     }
 
 
@@ -276,8 +327,10 @@ def _step(run: _Run, step: int, lr: float | None = None) -> tuple[float, float, 
         if run.bar:
             run.bar.close()
         good = latest_good_checkpoint(run.rd.checkpoints, log=lambda *_: None)
-        raise TrainingDiverged(f"[{run.cfg.run_id}] loss is {loss_sum} at step {step + 1}; stopped. "
-                               f"Saved checkpoints are intact (latest: {good.name if good else 'none'}).")
+        raise TrainingDiverged(
+            f"[{run.cfg.run_id}] loss is {loss_sum} at step {step + 1}; stopped. "
+            f"Saved checkpoints are intact (latest: {good.name if good else 'none'})."
+        )
     gnorm = torch.nn.utils.clip_grad_norm_(run.model.parameters(), tc.grad_clip if tc.grad_clip > 0 else float("inf"))
     gnorm = gnorm.full_tensor() if hasattr(gnorm, "full_tensor") else gnorm
     run.opt.step()
@@ -303,16 +356,22 @@ def _record_step(run: _Run, done: int, loss: float, lr: float, gnorm, tokens_per
         run.bar.update(1)
         run.bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{tokens_per_s:.0f}", mfu=mfu_text(util), refresh=False)
     elif done % run.cfg.train.log_every == 0:
-        run.log(f"[{run.cfg.run_id}] step {done}/{run.cfg.train.steps} loss {loss:.4f} lr {lr:.2e} {tokens_per_s:.0f} tok/s "
-                f"MFU {mfu_text(util, 1)}")
+        run.log(f"[{run.cfg.run_id}] step {done}/{run.cfg.train.steps} loss {loss:.4f} lr {lr:.2e} {tokens_per_s:.0f} tok/s MFU {mfu_text(util, 1)}")
 
 
 def _evaluate(run: _Run, step: int, kind: str = "eval", extra: dict | None = None) -> dict:
     """Loss and bits per byte of every evaluation domain (and per training-frequency stratum of the target),
     appended to metrics.jsonl; ``kind="anneal"`` for a cooldown branch's point (``extra``: its fields)."""
     res = run.evaluator.evaluate(run.model, run.device, run.autocast)  # every rank (FSDP needs all of them); rank 0 writes
-    rec = {"kind": kind, "step": step, "tokens": step * run.tokens_per_step, "split": run.cfg.eval.split,
-           "in_domain_loss": in_domain_loss(res, run.cfg.data.train_weights), **(extra or {}), "domains": res}
+    rec = {
+        "kind": kind,
+        "step": step,
+        "tokens": step * run.tokens_per_step,
+        "split": run.cfg.eval.split,
+        "in_domain_loss": in_domain_loss(res, run.cfg.data.train_weights),
+        **(extra or {}),
+        "domains": res,
+    }
     if run.env.is_main:
         run.rd.append_metrics(rec)
         run.tracker.log(rec)
@@ -325,8 +384,7 @@ def _finish(run: _Run, final: dict | None) -> dict:
         run.bar.close()
     if final is None:  # resumed exactly at the end: its final evaluation was recorded before that checkpoint
         steps = run.cfg.train.steps
-        final = next((r for r in reversed(run.rd.read_metrics()) if r["kind"] == "eval" and r["step"] == steps), None) \
-            or _evaluate(run, steps)
+        final = next((r for r in reversed(run.rd.read_metrics()) if r["kind"] == "eval" and r["step"] == steps), None) or _evaluate(run, steps)
     if run.env.is_main:
         _record_speed(run)
         run.rd.write_done(run.cfg.train.steps, final)
@@ -342,6 +400,5 @@ def _record_speed(run: _Run):
         return
     info = run.rd.read_info()
     tokens_per_s = statistics.median(r["tokens_per_s"] for r in steps)
-    info["speed"] = {"steps": len(steps), "tokens_per_s": tokens_per_s,
-                     **mfu_fields(mfu(tokens_per_s, run.train_flops_per_token, run.peak_flops))}
+    info["speed"] = {"steps": len(steps), "tokens_per_s": tokens_per_s, **mfu_fields(mfu(tokens_per_s, run.train_flops_per_token, run.peak_flops))}
     run.rd.write_info(info)

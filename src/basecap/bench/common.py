@@ -72,8 +72,7 @@ def run_probe(module: str, spec: dict, threads: int) -> dict:
     glibc's mmap threshold is pinned at 64 KiB there, so freed tensors leave the resident set at once
     and a high-water mark measures live memory rather than allocator history."""
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), MALLOC_MMAP_THRESHOLD_="65536")
-    out = subprocess.run([sys.executable, "-m", module, "--probe", json.dumps(spec)], capture_output=True, text=True,
-                         check=True, env=env)
+    out = subprocess.run([sys.executable, "-m", module, "--probe", json.dumps(spec)], capture_output=True, text=True, check=True, env=env)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -82,6 +81,7 @@ def fwd_bwd(module, x):
         x.grad = None
         y, _ = module(x)
         y.sum().backward()
+
     return step
 
 

@@ -26,8 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-SHAPES = {"110m": {"seq_len": 2048, "batch_size": 32, "world_size": 8},
-          "tiny": {"seq_len": 256, "batch_size": 16, "world_size": 1}}
+SHAPES = {"110m": {"seq_len": 2048, "batch_size": 32, "world_size": 8}, "tiny": {"seq_len": 256, "batch_size": 16, "world_size": 1}}
 
 
 def _default_corpus():
@@ -84,8 +83,7 @@ def _cpu_s() -> float:
         import resource
     except ImportError:
         return float("nan")
-    return sum(resource.getrusage(who).ru_utime + resource.getrusage(who).ru_stime
-               for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
+    return sum(resource.getrusage(who).ru_utime + resource.getrusage(who).ru_stime for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
 
 
 def bench_tokenize(texts: list[str], tokenizer_path: Path, workers: int, unit_bytes: int, reps: int) -> dict:
@@ -103,8 +101,9 @@ def bench_tokenize(texts: list[str], tokenizer_path: Path, workers: int, unit_by
         folder = Path(tempfile.mkdtemp(prefix="basecap-bench-tok-"))
         try:
             t = time.perf_counter()
-            run_units(units, lambda u: [texts[i] for i in u.docs], folder, tokenizer_path, EOT, eot_id, dtype,
-                      workers, progress=False, log=lambda m: None)
+            run_units(
+                units, lambda u: [texts[i] for i in u.docs], folder, tokenizer_path, EOT, eot_id, dtype, workers, progress=False, log=lambda m: None
+            )
             times.append(time.perf_counter() - t)
         finally:
             shutil.rmtree(folder, ignore_errors=True)
@@ -118,12 +117,15 @@ def _synthetic_corpus(folder: Path, n_tokens: int, vocab: int):
 
     (folder / "tokens").mkdir(parents=True)
     np.random.default_rng(0).integers(0, vocab, n_tokens, dtype=np.uint16).tofile(folder / "tokens" / "web.train.bin")
-    splits = {s: {"documents": 0, "bytes": 0, "tokens": 0, "file": f"tokens/web.{s}.bin", "sha256": ""}
-              for s in ("validation", "test")}
+    splits = {s: {"documents": 0, "bytes": 0, "tokens": 0, "file": f"tokens/web.{s}.bin", "sha256": ""} for s in ("validation", "test")}
     splits["train"] = {"documents": 1, "bytes": 4 * n_tokens, "tokens": n_tokens, "file": "tokens/web.train.bin", "sha256": ""}
-    manifest = {"format": MANIFEST_FORMAT, "dtype": "uint16", "splits": ["train", "validation", "test"],
-                "tokenizer": {"vocab_size": vocab, "eot_id": vocab - 1, "eot_token": "<|endoftext|>"},
-                "domains": {"web": {"role": "train", "splits": splits, "tokens": n_tokens}}}
+    manifest = {
+        "format": MANIFEST_FORMAT,
+        "dtype": "uint16",
+        "splits": ["train", "validation", "test"],
+        "tokenizer": {"vocab_size": vocab, "eot_id": vocab - 1, "eot_token": "<|endoftext|>"},
+        "domains": {"web": {"role": "train", "splits": splits, "tokens": n_tokens}},
+    }
     (folder / "manifest.json").write_text(json.dumps(manifest))
     return Corpus(folder)
 
@@ -132,8 +134,9 @@ def bench_loader(corpus, seq_len: int, batch_size: int, world_size: int, steps: 
     """Median seconds of one rank's ``batch(step)`` over ``steps`` steps, after warm-up."""
     from ..data import TrainBatches
 
-    tb = TrainBatches(corpus, weights={d: 1.0 for d in corpus.domains}, seq_len=seq_len, batch_size=batch_size,
-                      seed=0, rank=world_size - 1, world_size=world_size)
+    tb = TrainBatches(
+        corpus, weights={d: 1.0 for d in corpus.domains}, seq_len=seq_len, batch_size=batch_size, seed=0, rank=world_size - 1, world_size=world_size
+    )
     for s in range(10):
         tb.batch(10**6 + s)
     times = []
@@ -152,9 +155,18 @@ def planned_step_time(experiment: str, gpus: int) -> dict:
     per = {r["run"]: r["est_hours"] * 3600 / r["steps"] for r in rows}
     fastest = min(per, key=lambda r: per[r])
     ref = next((r["run"] for r in rows if r["run"] == "transformer_pp"), rows[0]["run"])
-    return {"reference_run": ref, "reference_s": per[ref], "fastest_run": fastest, "fastest_s": per[fastest],
-            "gpu": rows[0]["gpu"], "gpus": gpus, "mfu": rows[0]["mfu"], "vocab_size": rows[0]["vocab_size"],
-            "tokens_per_step": rows[0]["tokens_per_step"], "micro_batch_per_gpu": rows[0]["micro_batch_per_gpu"]}
+    return {
+        "reference_run": ref,
+        "reference_s": per[ref],
+        "fastest_run": fastest,
+        "fastest_s": per[fastest],
+        "gpu": rows[0]["gpu"],
+        "gpus": gpus,
+        "mfu": rows[0]["mfu"],
+        "vocab_size": rows[0]["vocab_size"],
+        "tokens_per_step": rows[0]["tokens_per_step"],
+        "micro_batch_per_gpu": rows[0]["micro_batch_per_gpu"],
+    }
 
 
 def main(argv: list[str] | None = None):
@@ -162,16 +174,21 @@ def main(argv: list[str] | None = None):
     from ..data.tokenize import usable_cpus
     from ..data.tokenizer import train_bpe
 
-    ap = argparse.ArgumentParser(prog="basecap bench data", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--corpus", default=None, help="a built corpus folder or a recipe name (built if needed); "
-                    "default: the default corpus if already built, else Python's own text")
+    ap = argparse.ArgumentParser(prog="basecap bench data", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument(
+        "--corpus",
+        default=None,
+        help="a built corpus folder or a recipe name (built if needed); default: the default corpus if already built, else Python's own text",
+    )
     ap.add_argument("--mb", type=float, default=8.0, help="MB of text to tokenise per measurement")
     ap.add_argument("--workers", type=int, default=None, help="N for the N-worker measurement (default: usable CPUs)")
     ap.add_argument("--unit-bytes", type=int, default=1_000_000, help="text per unit of work")
     ap.add_argument("--reps", type=int, default=1)
-    ap.add_argument("--experiment", default="experiments/paper/architectures.toml",
-                    help="experiment whose 110m plan gives the step time (its fastest run is the strictest budget)")
+    ap.add_argument(
+        "--experiment",
+        default="experiments/paper/architectures.toml",
+        help="experiment whose 110m plan gives the step time (its fastest run is the strictest budget)",
+    )
     ap.add_argument("--gpus", type=int, default=8)
     ap.add_argument("--step-time", type=float, default=None, help="seconds per 110m step (skips the planner)")
     ap.add_argument("--out", default="bench_results/data")
@@ -202,37 +219,49 @@ def main(argv: list[str] | None = None):
         for n in dict.fromkeys([1, workers]):
             row = bench_tokenize(texts, Path(tok_path), n, args.unit_bytes, args.reps)
             tok_rows.append(row)
-            print(f"  {n:>3} worker{'s' if n > 1 else ' '}  {row['mb_per_s']:8.2f} MB/s  "
-                  f"({row['mb_per_cpu_s']:.2f} MB per CPU second)", flush=True)
+            print(f"  {n:>3} worker{'s' if n > 1 else ' '}  {row['mb_per_s']:8.2f} MB/s  ({row['mb_per_cpu_s']:.2f} MB per CPU second)", flush=True)
 
         loader_corpus = corpus or _synthetic_corpus(tmp / "corpus", 32_000_000, 32768)
         if args.step_time is not None:
-            plan = {"reference_run": "given", "reference_s": args.step_time, "fastest_run": "given",
-                    "fastest_s": args.step_time}
+            plan = {"reference_run": "given", "reference_s": args.step_time, "fastest_run": "given", "fastest_s": args.step_time}
         else:
             plan = planned_step_time(args.experiment, args.gpus)
-        print(f"loader: TrainBatches on {loader_corpus.name}; 110m step time from the plan: "
-              f"{plan['reference_s'] * 1e3:.1f} ms ({plan['reference_run']}), fastest "
-              f"{plan['fastest_s'] * 1e3:.1f} ms ({plan['fastest_run']})", flush=True)
+        print(
+            f"loader: TrainBatches on {loader_corpus.name}; 110m step time from the plan: "
+            f"{plan['reference_s'] * 1e3:.1f} ms ({plan['reference_run']}), fastest "
+            f"{plan['fastest_s'] * 1e3:.1f} ms ({plan['fastest_run']})",
+            flush=True,
+        )
         load_rows = []
         for shape, kw in SHAPES.items():
             t = bench_loader(loader_corpus, **kw)
-            row = {"shape": shape, **kw, "batch_s": t, "batches_per_s": 1 / t,
-                   "tokens_per_s": kw["batch_size"] * kw["seq_len"] / t}
+            row = {"shape": shape, **kw, "batch_s": t, "batches_per_s": 1 / t, "tokens_per_s": kw["batch_size"] * kw["seq_len"] / t}
             if shape == "110m":
                 row["pct_of_step_reference"] = 100 * t / plan["reference_s"]
                 row["pct_of_step_fastest"] = 100 * t / plan["fastest_s"]
             load_rows.append(row)
-            pct = (f"  {row['pct_of_step_fastest']:.2f}% of the fastest 110m step" if shape == "110m" else "")
-            print(f"  {shape:<5} {kw['batch_size']:>3} x {kw['seq_len']:<5} rank {kw['world_size'] - 1} of "
-                  f"{kw['world_size']}  {t * 1e3:7.3f} ms/batch  {1 / t:8.0f} batches/s{pct}", flush=True)
+            pct = f"  {row['pct_of_step_fastest']:.2f}% of the fastest 110m step" if shape == "110m" else ""
+            print(
+                f"  {shape:<5} {kw['batch_size']:>3} x {kw['seq_len']:<5} rank {kw['world_size'] - 1} of "
+                f"{kw['world_size']}  {t * 1e3:7.3f} ms/batch  {1 / t:8.0f} batches/s{pct}",
+                flush=True,
+            )
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    result = {"meta": {"cpus": usable_cpus(), "text": text_source, "text_mb": mb, "unit_bytes": args.unit_bytes,
-                       "loader_corpus": loader_corpus.name, "plan": plan},
-              "tokenize": tok_rows, "loader": load_rows}
+    result = {
+        "meta": {
+            "cpus": usable_cpus(),
+            "text": text_source,
+            "text_mb": mb,
+            "unit_bytes": args.unit_bytes,
+            "loader_corpus": loader_corpus.name,
+            "plan": plan,
+        },
+        "tokenize": tok_rows,
+        "loader": load_rows,
+    }
     (out / "data.json").write_text(json.dumps(result, indent=1))
     print(f"written: {out / 'data.json'}")
     return result

@@ -93,8 +93,10 @@ def _time_rounds(steps: dict, device, reps: int, warmup: int) -> dict:
             sync(device)
             wall[k].append(time.perf_counter() - t)
             cpu[k].append(time.process_time() - c)
-    return {k: {"wall_s": statistics.median(wall[k]), "wall_min_s": min(wall[k]), "cpu_s": statistics.median(cpu[k]),
-                "wall_all_s": wall[k]} for k in steps}
+    return {
+        k: {"wall_s": statistics.median(wall[k]), "wall_min_s": min(wall[k]), "cpu_s": statistics.median(cpu[k]), "wall_all_s": wall[k]}
+        for k in steps
+    }
 
 
 def _probe(spec: str):
@@ -117,8 +119,9 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--tokens", type=int, nargs="+", default=[4096, 16384], help="N = batch x sequence length")
     ap.add_argument("--widths", type=int, nargs="+", default=[128, 192], help="D (d_model)")
     ap.add_argument("--vocabs", type=int, nargs="+", default=[8192, 2048], help="V")
-    ap.add_argument("--variants", nargs="+", default=None, choices=list(VARIANTS),
-                    help="default: plain and chunked (and fla on CUDA when it imports)")
+    ap.add_argument(
+        "--variants", nargs="+", default=None, choices=list(VARIANTS), help="default: plain and chunked (and fla on CUDA when it imports)"
+    )
     ap.add_argument("--chunk-tokens", type=int, default=None, help=f"chunked form's tokens per chunk (default: {CHUNK_LOGITS} // V)")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=1)
@@ -151,16 +154,28 @@ def main(argv: list[str] | None = None):
     variants = args.variants or _default_variants(device)
     if "plain" not in variants:
         variants = ["plain", *variants]
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"{platform.processor() or platform.machine()} CPU, {args.threads} thread(s)"
-    meta = {"device": name, "torch": torch.__version__, "threads": torch.get_num_threads(), "args": vars(args),
-            "chunk_logits": CHUNK_LOGITS, "load_average": os.getloadavg(), "time": time.strftime("%Y-%m-%d %H:%M:%S"),
-            "memory_method": "cuda max_memory_allocated growth" if device.type == "cuda" else "fresh-process peak RSS growth",
-            "note": "medians after warm-up; cpu_s is process CPU time (on a shared CPU wall time also counts waiting)"}
+    name = (
+        torch.cuda.get_device_name(device) if device.type == "cuda" else f"{platform.processor() or platform.machine()} CPU, {args.threads} thread(s)"
+    )
+    meta = {
+        "device": name,
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "args": vars(args),
+        "chunk_logits": CHUNK_LOGITS,
+        "load_average": os.getloadavg(),
+        "time": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "memory_method": "cuda max_memory_allocated growth" if device.type == "cuda" else "fresh-process peak RSS growth",
+        "note": "medians after warm-up; cpu_s is process CPU time (on a shared CPU wall time also counts waiting)",
+    }
     rows = []
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    print(f"{'N':>6} {'D':>4} {'V':>6} {'variant':<8} {'chunk':>6} {'wall s':>8} {'min s':>8} {'cpu s':>8} {'peak MiB':>9} "
-          f"{'x plain':>8} {'min x':>6} {'mem/plain':>9}", flush=True)
+    print(
+        f"{'N':>6} {'D':>4} {'V':>6} {'variant':<8} {'chunk':>6} {'wall s':>8} {'min s':>8} {'cpu s':>8} {'peak MiB':>9} "
+        f"{'x plain':>8} {'min x':>6} {'mem/plain':>9}",
+        flush=True,
+    )
     for D in args.widths:
         for V in args.vocabs:
             ok = {v: (0.0 if v == "plain" else _check(v, D, V, device, args.chunk_tokens)) for v in variants}
@@ -172,10 +187,17 @@ def main(argv: list[str] | None = None):
                 steps = {v: _step(v, N, D, V, device, args.chunk_tokens) for v in timed}
                 times = _time_rounds(steps, device, args.reps, args.warmup)
                 del steps
-                chunk = (args.chunk_tokens or default_chunk_tokens(V))
+                chunk = args.chunk_tokens or default_chunk_tokens(V)
                 for v in timed:
-                    row = {"variant": v, "N": N, "D": D, "V": V, "check_rel_err": ok[v], **times[v],
-                           "chunk_tokens": chunk if v == "chunked" else None}
+                    row = {
+                        "variant": v,
+                        "N": N,
+                        "D": D,
+                        "V": V,
+                        "check_rel_err": ok[v],
+                        **times[v],
+                        "chunk_tokens": chunk if v == "chunked" else None,
+                    }
                     if not args.no_memory:
                         if device.type == "cuda":
                             row["peak_bytes"] = peak_memory_cuda(_step(v, N, D, V, device, args.chunk_tokens), device)
@@ -183,7 +205,7 @@ def main(argv: list[str] | None = None):
                             row |= _peak_memory_cpu(v, N, D, V, args)
                     rows.append(row)
                 base = next(r for r in rows if r["variant"] == "plain" and (r["N"], r["D"], r["V"]) == (N, D, V))
-                for r in rows[-len(timed):]:
+                for r in rows[-len(timed) :]:
                     r["speedup_vs_plain"] = base["wall_s"] / r["wall_s"]
                     r["min_speedup_vs_plain"] = base["wall_min_s"] / r["wall_min_s"]
                     if "peak_bytes" in r:
@@ -191,8 +213,11 @@ def main(argv: list[str] | None = None):
                     mib = f"{r['peak_bytes'] / 2**20:9.1f}" if "peak_bytes" in r else f"{'-':>9}"
                     mem = f"{r['memory_vs_plain']:9.3f}" if "memory_vs_plain" in r else f"{'-':>9}"
                     ch = str(r["chunk_tokens"]) if r["chunk_tokens"] else "-"
-                    print(f"{N:>6} {D:>4} {V:>6} {r['variant']:<8} {ch:>6} {r['wall_s']:8.3f} {r['wall_min_s']:8.3f} {r['cpu_s']:8.3f} {mib} "
-                          f"{r['speedup_vs_plain']:8.2f} {r['min_speedup_vs_plain']:6.2f} {mem}", flush=True)
+                    print(
+                        f"{N:>6} {D:>4} {V:>6} {r['variant']:<8} {ch:>6} {r['wall_s']:8.3f} {r['wall_min_s']:8.3f} {r['cpu_s']:8.3f} {mib} "
+                        f"{r['speedup_vs_plain']:8.2f} {r['min_speedup_vs_plain']:6.2f} {mem}",
+                        flush=True,
+                    )
                 write_json(out / "head.json", {"meta": meta, "results": rows})
     _plot(rows, variants, out / "head.png")
     print(f"written: {out / 'head.json'}, {out / 'head.png'}")
@@ -213,8 +238,11 @@ def _plot(rows, variants, path):
     measured = any("peak_bytes" in r for r in rows)
     for ax, title, unit in zip(axes, ("LM head + cross-entropy, forward+backward", "peak memory"), ("s", "MiB")):
         ax.set_xticks([j + 0.4 - width / 2 for j in range(len(cases))], labels, fontsize=7)
-        ax.set(title=title if unit == "s" or measured else "peak memory (not measured)", ylabel=unit,
-               yscale="log" if unit == "s" or measured else "linear")
+        ax.set(
+            title=title if unit == "s" or measured else "peak memory (not measured)",
+            ylabel=unit,
+            yscale="log" if unit == "s" or measured else "linear",
+        )
     axes[0].legend()
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -110,8 +110,12 @@ def train_exponent(spec: str, lengths: tuple[int, int] = (2048, 8192), reps: int
         times[T] = best
     t1, t2 = lengths
     cost = mixer_cost(m, t2)
-    return {"cost": cost, "times": times, "exponent": math.log(times[t2] / times[t1]) / math.log(t2 / t1),
-            "predicted": cost_exponent(cost, t1, t2, chunk=getattr(m.cfg, "chunk_len", 1), window=getattr(m.cfg, "window", 1) or 1)}
+    return {
+        "cost": cost,
+        "times": times,
+        "exponent": math.log(times[t2] / times[t1]) / math.log(t2 / t1),
+        "predicted": cost_exponent(cost, t1, t2, chunk=getattr(m.cfg, "chunk_len", 1), window=getattr(m.cfg, "window", 1) or 1),
+    }
 
 
 def _add_exponents(results: dict, args) -> None:
@@ -131,8 +135,9 @@ def _add_exponents(results: dict, args) -> None:
 
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="basecap bench mixers", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--mixers", nargs="*", default=None,
-                    help="NAME or NAME:key=value,... (default: every registered mixer, plus attention:window=256)")
+    ap.add_argument(
+        "--mixers", nargs="*", default=None, help="NAME or NAME:key=value,... (default: every registered mixer, plus attention:window=256)"
+    )
     ap.add_argument("--lengths", nargs="*", type=int, default=[512, 2048, 8192])
     ap.add_argument("--contexts", nargs="*", type=int, default=[1024, 4096, 16384])
     ap.add_argument("--ref-length", type=int, default=2048)
@@ -178,8 +183,12 @@ def _ref_vs_fast(ref_step, fast_step, rounds: int) -> dict:
             walls[side].append(time.perf_counter() - w)
             cpus[side].append(time.process_time() - c)
     med = {k: {side: statistics.median(v) for side, v in d.items()} for k, d in (("wall", walls), ("cpu", cpus))}
-    return {"ref_train_s": med["wall"]["ref"], "ref_fast_train_s": med["wall"]["fast"],
-            "speedup_vs_ref": med["wall"]["ref"] / med["wall"]["fast"], "speedup_vs_ref_cpu": med["cpu"]["ref"] / med["cpu"]["fast"]}
+    return {
+        "ref_train_s": med["wall"]["ref"],
+        "ref_fast_train_s": med["wall"]["fast"],
+        "speedup_vs_ref": med["wall"]["ref"] / med["wall"]["fast"],
+        "speedup_vs_ref_cpu": med["cpu"]["ref"] / med["cpu"]["fast"],
+    }
 
 
 def _grid_points(args) -> tuple[int, int, int, int]:
@@ -208,8 +217,13 @@ def _add_targets(results: dict, args) -> None:
 def _print_table(results: dict, args) -> None:
     att = results["attention"]
     L2, L8, c1, c16 = _grid_points(args)
-    head = f"{'mixer':<22}" + "".join(f"{'fb T=' + str(T):>11}" for T in args.lengths) + f"{'x attn@' + str(L2):>11}{'x attn@' + str(L8):>11}{'ref/fast':>10}" + \
-        "".join(f"{'dec@' + str(c):>11}" for c in args.contexts) + f"{'  dec ' + str(c16) + '/' + str(c1):>13}"
+    head = (
+        f"{'mixer':<22}"
+        + "".join(f"{'fb T=' + str(T):>11}" for T in args.lengths)
+        + f"{'x attn@' + str(L2):>11}{'x attn@' + str(L8):>11}{'ref/fast':>10}"
+        + "".join(f"{'dec@' + str(c):>11}" for c in args.contexts)
+        + f"{'  dec ' + str(c16) + '/' + str(c1):>13}"
+    )
     print("\nforward+backward seconds (B=1, d_model 192), decode ms/token; ratios against attention (Transformer++)")
     print(head)
     for name, row in results.items():
@@ -247,9 +261,19 @@ def main(argv: list[str] | None = None):
                 print(f"{name:<22}{row['exponent']:>8.2f}{row['cost_exponent']:>8.2f}   {row['cost']}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    meta = {"d_model": D_MODEL, "batch": 1, "threads": torch.get_num_threads(), "torch": torch.__version__,
-            "grid": {"mixers": list(args.mixers or names), "lengths": args.lengths, "contexts": args.contexts,
-                     "ref_length": args.ref_length, "reps": args.reps}}
+    meta = {
+        "d_model": D_MODEL,
+        "batch": 1,
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "grid": {
+            "mixers": list(args.mixers or names),
+            "lengths": args.lengths,
+            "contexts": args.contexts,
+            "ref_length": args.ref_length,
+            "reps": args.reps,
+        },
+    }
     write_json(out / "mixers.json", {"meta": meta, "results": results})
     _plot(results, args, out / "mixers.png")
     print(f"written: {out / 'mixers.json'}, {out / 'mixers.png'}")

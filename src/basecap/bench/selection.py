@@ -124,7 +124,7 @@ def _self_check(variants, args, device) -> dict:
         errs = []
         for m in (ref, fast):
             y, _ = m(x)
-            gx, = torch.autograd.grad(y.sum(), x)
+            (gx,) = torch.autograd.grad(y.sum(), x)
             errs.append((y.detach(), gx))
         e = max(float((a - b).norm() / b.norm()) for a, b in zip(errs[1], errs[0]))
         ok[v] = e <= 1e-4
@@ -137,8 +137,7 @@ def _model(variant, T, args, device):
     from ..model import LM, ModelConfig
 
     torch.manual_seed(0)
-    cfg = ModelConfig(vocab_size=args.vocab, d_model=args.d_model, n_layers=args.layers, max_seq_len=T,
-                      mixer=_mixer_cfg(variant, args))
+    cfg = ModelConfig(vocab_size=args.vocab, d_model=args.d_model, n_layers=args.layers, max_seq_len=T, mixer=_mixer_cfg(variant, args))
     return LM(cfg).to(device)
 
 
@@ -185,9 +184,12 @@ def _targets(res) -> dict:
     for T, need in ((16384, 10.0), (4096, 1.0)):
         a, s = layer("top1_chunk_approx", T), layer("sdpa", T)
         if a and s:
-            out[f"approx_vs_sdpa_speedup_{T}"] = {"value": s / a, "target": f">= {need:g}" if need > 1 else "> 1",
-                                                  "met": s / a >= need if need > 1 else s / a > 1,
-                                                  "cpu_time_ratio": layer("sdpa", T, "cpu_s") / layer("top1_chunk_approx", T, "cpu_s")}
+            out[f"approx_vs_sdpa_speedup_{T}"] = {
+                "value": s / a,
+                "target": f">= {need:g}" if need > 1 else "> 1",
+                "met": s / a >= need if need > 1 else s / a > 1,
+                "cpu_time_ratio": layer("sdpa", T, "cpu_s") / layer("top1_chunk_approx", T, "cpu_s"),
+            }
     core = {(r["variant"], r["T"]): r["wall_s"] for r in res["core"]}
     if ("sdpa", 16384) in core and ("top1_chunk_approx", 16384) in core:
         r = core[("sdpa", 16384)] / core[("top1_chunk_approx", 16384)]
@@ -198,8 +200,11 @@ def _targets(res) -> dict:
     base = next((r for r in res["model"] if r["variant"] == MODEL_BASE), None)
     appr = next((r for r in res["model"] if r["variant"] == "top1_chunk_approx"), None)
     if base and appr:
-        out[f"model_step_speedup_{appr['T']}"] = {"value": base["wall_s"] / appr["wall_s"], "target": ">= 5",
-                                                  "met": base["wall_s"] / appr["wall_s"] >= 5}
+        out[f"model_step_speedup_{appr['T']}"] = {
+            "value": base["wall_s"] / appr["wall_s"],
+            "target": ">= 5",
+            "met": base["wall_s"] / appr["wall_s"] >= 5,
+        }
     dec = {r["ctx"]: r["ms_per_token"] for r in res["decode"] if r["variant"] == "top1_chunk_approx"}
     if 1024 in dec and 16384 in dec:
         out["approx_decode_16k_over_1k"] = {"value": dec[16384] / dec[1024], "target": "< 3", "met": dec[16384] / dec[1024] < 3}
@@ -223,8 +228,9 @@ def _plot(res, path: Path):
         if rows:
             ax[3].plot([r["ctx"] for r in rows], [r["ms_per_token"] for r in rows], "o-", label=v)
     ax[2].bar([r["variant"] for r in res["model"]], [r["wall_s"] for r in res["model"]])
-    for a, (title, ylabel) in zip(ax, [("layer fwd+bwd", "s"), ("layer peak memory", "MiB"),
-                                       ("model train step", "s"), ("decode latency", "ms / token")]):
+    for a, (title, ylabel) in zip(
+        ax, [("layer fwd+bwd", "s"), ("layer peak memory", "MiB"), ("model train step", "s"), ("decode latency", "ms / token")]
+    ):
         a.set_title(title)
         a.set_ylabel(ylabel)
         if a is not ax[2]:
@@ -251,8 +257,13 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--memory-max-len", type=int, default=16384, help="peak memory measured up to this length")
     ap.add_argument("--no-memory", action="store_true")
-    ap.add_argument("--core-variants", nargs="+", default=["sdpa", "top1_chunk_approx"], choices=list(VARIANTS),
-                    help="also time the mixing op alone (q, k, v -> o, no projections)")
+    ap.add_argument(
+        "--core-variants",
+        nargs="+",
+        default=["sdpa", "top1_chunk_approx"],
+        choices=list(VARIANTS),
+        help="also time the mixing op alone (q, k, v -> o, no projections)",
+    )
     ap.add_argument("--model-len", type=int, default=16384)
     ap.add_argument("--model-variants", nargs="+", default=["sdpa", "top1_chunk_approx", "top1_chunk_exact"], choices=list(VARIANTS))
     ap.add_argument("--model-reps", type=int, default=2)
@@ -270,11 +281,19 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _meta(args, device) -> dict:
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"{platform.processor() or platform.machine()} CPU, {args.threads} thread(s)"
-    return {"device": name, "torch": torch.__version__, "threads": torch.get_num_threads(), "args": vars(args),
-            "load_average": os.getloadavg(), "time": time.strftime("%Y-%m-%d %H:%M:%S"),
-            "memory_method": "cuda max_memory_allocated" if device.type == "cuda" else "fresh-process peak RSS growth",
-            "note": "medians after warm-up; cpu_s is process CPU time (on a shared CPU wall time also counts waiting)"}
+    name = (
+        torch.cuda.get_device_name(device) if device.type == "cuda" else f"{platform.processor() or platform.machine()} CPU, {args.threads} thread(s)"
+    )
+    return {
+        "device": name,
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "args": vars(args),
+        "load_average": os.getloadavg(),
+        "time": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "memory_method": "cuda max_memory_allocated" if device.type == "cuda" else "fresh-process peak RSS growth",
+        "note": "medians after warm-up; cpu_s is process CPU time (on a shared CPU wall time also counts waiting)",
+    }
 
 
 def _run_layers(args, device, variants, ok, res, save):

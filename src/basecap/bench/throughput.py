@@ -33,6 +33,7 @@ def _step(model, opt, idx, autocast):
         opt.step()
         opt.zero_grad(set_to_none=True)
         sync(idx.device)
+
     return run
 
 
@@ -91,8 +92,13 @@ def _parser():
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--impl", default="auto", help="mixer impl (auto, fast, chunked, ref) where the mixer has it")
-    ap.add_argument("--head-impls", nargs="+", default=["auto"], choices=["auto", "chunked", "fast", "plain"],
-                    help="the LM head's loss (model.head_impl); several alternate within each round")
+    ap.add_argument(
+        "--head-impls",
+        nargs="+",
+        default=["auto"],
+        choices=["auto", "chunked", "fast", "plain"],
+        help="the LM head's loss (model.head_impl); several alternate within each round",
+    )
     ap.add_argument("--threads", type=int, default=None, help="CPU threads (default: torch's, all cores)")
     ap.add_argument("--memory", action="store_true", help="CPU: peak memory of a step in a fresh process (CUDA: always)")
     ap.add_argument("--out", default="bench_results/throughput")
@@ -132,16 +138,27 @@ def main(argv: list[str] | None = None):
                 del steps, model
             except torch.OutOfMemoryError:
                 rows += [{**base, "head_impl": head, "oom": True} for head in args.head_impls]
-            for row in rows[-len(args.head_impls):]:
-                msg = "OOM" if row.get("oom") else (f"{row['step_s']:8.3f} s/step {row['tokens_per_s']:>10.0f} tok/s"
-                                                   + (f"  {row['peak_mem_gib']:.3f} GiB" if row.get("peak_mem_gib") is not None else ""))
+            for row in rows[-len(args.head_impls) :]:
+                msg = (
+                    "OOM"
+                    if row.get("oom")
+                    else (
+                        f"{row['step_s']:8.3f} s/step {row['tokens_per_s']:>10.0f} tok/s"
+                        + (f"  {row['peak_mem_gib']:.3f} GiB" if row.get("peak_mem_gib") is not None else "")
+                    )
+                )
                 print(f"{name:<16} T={T:<6} head={row['head_impl']:<8} {msg}", flush=True)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    meta = {"device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else f"cpu, {torch.get_num_threads()} thread(s)",
-            "preset": args.preset, "vocab": args.vocab, "dtype": "bf16 autocast" if dev.type == "cuda" else "fp32",
-            "torch": torch.__version__, "load_average": os.getloadavg() if dev.type == "cpu" else None,
-            "time": time.strftime("%Y-%m-%d %H:%M:%S")}
+    meta = {
+        "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else f"cpu, {torch.get_num_threads()} thread(s)",
+        "preset": args.preset,
+        "vocab": args.vocab,
+        "dtype": "bf16 autocast" if dev.type == "cuda" else "fp32",
+        "torch": torch.__version__,
+        "load_average": os.getloadavg() if dev.type == "cpu" else None,
+        "time": time.strftime("%Y-%m-%d %H:%M:%S"),
+    }
     write_json(out / "throughput.json", {"meta": meta, "rows": rows})
     print(f"written: {out / 'throughput.json'}")
     return rows

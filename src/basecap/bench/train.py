@@ -70,8 +70,7 @@ def _compiled_vs_eager(cfg, vocab_size: int, batches) -> dict[str, list[tuple[fl
         torch.manual_seed(0)
         model = build_model(cfg.model, vocab_size)
         if name == "compiled":
-            compile_for_training(model, cfg.model_copy(update={"train": cfg.train.model_copy(update={"compile": True})}),
-                                 log=lambda *_: None)
+            compile_for_training(model, cfg.model_copy(update={"train": cfg.train.model_copy(update={"compile": True})}), log=lambda *_: None)
         model.train()
         sides[name] = (model, make_optimizer(model, cfg.train))
     out: dict[str, list[tuple[float, float, float]]] = {name: [] for name in sides}
@@ -97,8 +96,12 @@ def _compile_summary(windows: list[dict], tok: int, fpt: float, peak: float) -> 
     def med(side, i, skip=2):
         return statistics.median(tok / s[i] for w in windows for s in w[side][skip:])
 
-    res = {"eager_tokens_per_s": med("eager", 0), "compiled_tokens_per_s": med("compiled", 0),
-           "eager_tokens_per_cpu_s": med("eager", 1), "compiled_tokens_per_cpu_s": med("compiled", 1)}
+    res = {
+        "eager_tokens_per_s": med("eager", 0),
+        "compiled_tokens_per_s": med("compiled", 0),
+        "eager_tokens_per_cpu_s": med("eager", 1),
+        "compiled_tokens_per_cpu_s": med("compiled", 1),
+    }
     res["speedup"] = res["compiled_tokens_per_s"] / res["eager_tokens_per_s"]
     res["speedup_cpu"] = res["compiled_tokens_per_cpu_s"] / res["eager_tokens_per_cpu_s"]
     res["eager_mfu"], res["compiled_mfu"] = mfu(res["eager_tokens_per_s"], fpt, peak), mfu(res["compiled_tokens_per_s"], fpt, peak)
@@ -142,14 +145,31 @@ def main(argv: list[str] | None = None):
     corpus = build_corpus(load_recipe(args.recipe))
     domain = corpus.domains[0]
     steps = args.steps
-    cfg = resolve(validate_run({
-        "name": "bench", "data": {"recipe": args.recipe, "train_weights": {domain: 1.0}, "seq_len": args.seq_len, "eval_domains": [domain]},
-        "model": {"d_model": args.d_model, "n_layers": args.layers, "max_seq_len": args.seq_len, "mixer": {"name": args.mixer},
-                  "match_params": True, "head_impl": args.head_impl},
-        "train": {"steps": steps, "batch_size": args.batch, "warmup_steps": 1, "checkpoint_every": 10**9, "progress": False,
-                  "threads": torch.get_num_threads()},
-        "eval": {"every": 10**9, "max_tokens": args.seq_len * 8, "batch_size": 8},
-    }))
+    cfg = resolve(
+        validate_run(
+            {
+                "name": "bench",
+                "data": {"recipe": args.recipe, "train_weights": {domain: 1.0}, "seq_len": args.seq_len, "eval_domains": [domain]},
+                "model": {
+                    "d_model": args.d_model,
+                    "n_layers": args.layers,
+                    "max_seq_len": args.seq_len,
+                    "mixer": {"name": args.mixer},
+                    "match_params": True,
+                    "head_impl": args.head_impl,
+                },
+                "train": {
+                    "steps": steps,
+                    "batch_size": args.batch,
+                    "warmup_steps": 1,
+                    "checkpoint_every": 10**9,
+                    "progress": False,
+                    "threads": torch.get_num_threads(),
+                },
+                "eval": {"every": 10**9, "max_tokens": args.seq_len * 8, "batch_size": 8},
+            }
+        )
+    )
     tb = TrainBatches(corpus, weights={domain: 1.0}, seq_len=args.seq_len, batch_size=args.batch, seed=0)
     batches = [tb.batch(s) for s in range(steps)]
     tok = args.batch * args.seq_len
@@ -176,35 +196,64 @@ def main(argv: list[str] | None = None):
     threads = torch.get_num_threads()
     cpu_mfu = mfu(statistics.median(plain_cpu_tps), fpt, max(cpu_peaks))
     overhead = pl / tr - 1
-    res = {"mixer": args.mixer, "d_model": args.d_model, "layers": args.layers, "seq_len": args.seq_len, "batch": args.batch,
-           "vocab_size": corpus.vocab_size, "head_impl": args.head_impl, "threads": threads,
-           "trainer_tokens_per_s": tr, "plain_tokens_per_s": pl, "overhead_pct": 100 * overhead, "target_pct": 5.0, "met": overhead <= 0.05,
-           "train_flops_per_token": fpt, "peak_flops": peak, "peak": stored["source"], "probe_flops_windows": peaks, "probe": f"fp32 {args.peak_size}^3 matmul, fastest of 3",
-           "peak_flops_per_cpu_s": max(cpu_peaks),
-           "trainer_flops_per_s": tr * fpt, "trainer_mfu": mfu(tr, fpt, peak), "plain_mfu": mfu(pl, fpt, peak), "plain_cpu_mfu": cpu_mfu,
-           "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
-           "trainer_logged_mfu": statistics.median(trainer_mfu), "mfu_target": 0.5, "load_average": os.getloadavg()}
+    res = {
+        "mixer": args.mixer,
+        "d_model": args.d_model,
+        "layers": args.layers,
+        "seq_len": args.seq_len,
+        "batch": args.batch,
+        "vocab_size": corpus.vocab_size,
+        "head_impl": args.head_impl,
+        "threads": threads,
+        "trainer_tokens_per_s": tr,
+        "plain_tokens_per_s": pl,
+        "overhead_pct": 100 * overhead,
+        "target_pct": 5.0,
+        "met": overhead <= 0.05,
+        "train_flops_per_token": fpt,
+        "peak_flops": peak,
+        "peak": stored["source"],
+        "probe_flops_windows": peaks,
+        "probe": f"fp32 {args.peak_size}^3 matmul, fastest of 3",
+        "peak_flops_per_cpu_s": max(cpu_peaks),
+        "trainer_flops_per_s": tr * fpt,
+        "trainer_mfu": mfu(tr, fpt, peak),
+        "plain_mfu": mfu(pl, fpt, peak),
+        "plain_cpu_mfu": cpu_mfu,
+        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+        "trainer_logged_mfu": statistics.median(trainer_mfu),
+        "mfu_target": 0.5,
+        "load_average": os.getloadavg(),
+    }
     print(f"{'loop':<10}{'tokens/s (median)':>20}{'GFLOP/s':>10}{'MFU':>8}")
     for name, tps in (("trainer", tr), ("plain", pl)):
         print(f"{name:<10}{tps:>20.0f}{tps * fpt / 1e9:>10.1f}{100 * mfu(tps, fpt, peak):>7.1f}%")
-    print(f"plain loop per CPU-second: MFU {100 * cpu_mfu:.1f}% (model FLOPs per CPU-second over the matmul's, "
-          f"{max(cpu_peaks) / 1e9:.1f} GFLOP per CPU-second)")
-    print(f"peak: {peak / 1e9:.1f} GFLOP/s ({res['peak']}); this run's quick probe ({res['probe']}): "
-          f"{max(peaks) / 1e9:.1f} GFLOP/s; training FLOPs/token {fpt / 1e6:.2f}M (3 x forward); load average {res['load_average'][0]:.2f}")
-    print(f"trainer overhead: {100 * overhead:+.1f}% (target <= 5%: {'met' if res['met'] else 'MISSED'}); "
-          f"trainer MFU {100 * res['trainer_mfu']:.1f}% (target >= 50%: {'met' if res['trainer_mfu'] >= 0.5 else 'MISSED'}; "
-          f"{100 * res['trainer_logged_mfu']:.1f}% as the trainer logged it)")
+    print(
+        f"plain loop per CPU-second: MFU {100 * cpu_mfu:.1f}% (model FLOPs per CPU-second over the matmul's, "
+        f"{max(cpu_peaks) / 1e9:.1f} GFLOP per CPU-second)"
+    )
+    print(
+        f"peak: {peak / 1e9:.1f} GFLOP/s ({res['peak']}); this run's quick probe ({res['probe']}): "
+        f"{max(peaks) / 1e9:.1f} GFLOP/s; training FLOPs/token {fpt / 1e6:.2f}M (3 x forward); load average {res['load_average'][0]:.2f}"
+    )
+    print(
+        f"trainer overhead: {100 * overhead:+.1f}% (target <= 5%: {'met' if res['met'] else 'MISSED'}); "
+        f"trainer MFU {100 * res['trainer_mfu']:.1f}% (target >= 50%: {'met' if res['trainer_mfu'] >= 0.5 else 'MISSED'}; "
+        f"{100 * res['trainer_logged_mfu']:.1f}% as the trainer logged it)"
+    )
     if args.compile:
         res["compile"] = _compile_summary(compiled, tok, fpt, peak)
         c = res["compile"]
-        print(f"train.compile (the same weights and batches, eager and compiled steps in turn; medians after 2 steps):\n"
-              f"  tokens/s      eager {c['eager_tokens_per_s']:.0f}, compiled {c['compiled_tokens_per_s']:.0f} "
-              f"({c['speedup']:.2f}x; MFU {100 * c['eager_mfu']:.1f}% -> {100 * c['compiled_mfu']:.1f}%)\n"
-              f"  tokens/CPU-s  eager {c['eager_tokens_per_cpu_s']:.0f}, compiled {c['compiled_tokens_per_cpu_s']:.0f} "
-              f"({c['speedup_cpu']:.2f}x)\n"
-              f"  warm-up (first 2 compiled steps beyond the median step): {', '.join(f'{w:.1f}' for w in c['warmup_s'])} s "
-              f"wall, {', '.join(f'{w:.1f}' for w in c['warmup_cpu_s'])} CPU-s; per-step losses within "
-              f"{c['loss_max_rel_err']:.1e} of eager's (relative)")
+        print(
+            f"train.compile (the same weights and batches, eager and compiled steps in turn; medians after 2 steps):\n"
+            f"  tokens/s      eager {c['eager_tokens_per_s']:.0f}, compiled {c['compiled_tokens_per_s']:.0f} "
+            f"({c['speedup']:.2f}x; MFU {100 * c['eager_mfu']:.1f}% -> {100 * c['compiled_mfu']:.1f}%)\n"
+            f"  tokens/CPU-s  eager {c['eager_tokens_per_cpu_s']:.0f}, compiled {c['compiled_tokens_per_cpu_s']:.0f} "
+            f"({c['speedup_cpu']:.2f}x)\n"
+            f"  warm-up (first 2 compiled steps beyond the median step): {', '.join(f'{w:.1f}' for w in c['warmup_s'])} s "
+            f"wall, {', '.join(f'{w:.1f}' for w in c['warmup_cpu_s'])} CPU-s; per-step losses within "
+            f"{c['loss_max_rel_err']:.1e} of eager's (relative)"
+        )
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / "train.json", res)

@@ -42,9 +42,19 @@ def train_token_counts(corpus: Corpus, domains: list[str]) -> dict[str, np.ndarr
         cached[d] = counts
     if missing:
         try:
-            atomic_write(path, json.dumps({"format": COUNTS_FORMAT, "split": "train", "vocab_size": corpus.vocab_size,
-                                           "tokens": {d: int(c.sum()) for d, c in cached.items()},
-                                           "counts": {d: c.tolist() for d, c in cached.items()}}, separators=(",", ":")))
+            atomic_write(
+                path,
+                json.dumps(
+                    {
+                        "format": COUNTS_FORMAT,
+                        "split": "train",
+                        "vocab_size": corpus.vocab_size,
+                        "tokens": {d: int(c.sum()) for d, c in cached.items()},
+                        "counts": {d: c.tolist() for d, c in cached.items()},
+                    },
+                    separators=(",", ":"),
+                ),
+            )
         except OSError:
             pass  # a read-only corpus: the counts stay in memory
     return {d: cached[d] for d in domains}
@@ -75,8 +85,9 @@ def unigram_logprobs(counts: dict[str, np.ndarray], weights: dict[str, float], s
     return np.log(p)
 
 
-def unigram_losses(corpus: Corpus, weights: dict[str, float], domains: list[str], split: str, seq_len: int,
-                   max_tokens: int | None) -> dict[str, float]:
+def unigram_losses(
+    corpus: Corpus, weights: dict[str, float], domains: list[str], split: str, seq_len: int, max_tokens: int | None
+) -> dict[str, float]:
     """Cross-entropy (nats/token) of the training mixture's unigram distribution on each domain's
     evaluation windows (:func:`basecap.data.loader.eval_windows` with the same arguments)."""
     train = [d for d, v in weights.items() if v > 0]

@@ -110,9 +110,13 @@ def _remove_stale(corpora: Path) -> None:
             continue
 
 
-def build_corpus(recipe: RecipeConfig | str, home: str | os.PathLike | None = None,
-                 log: Callable[[str], None] = print, workers: int | None = None,
-                 progress: bool | None = None) -> Corpus:
+def build_corpus(
+    recipe: RecipeConfig | str,
+    home: str | os.PathLike | None = None,
+    log: Callable[[str], None] = print,
+    workers: int | None = None,
+    progress: bool | None = None,
+) -> Corpus:
     """Build the corpus of ``recipe`` in the data home, or reuse it when it is already built.
 
     ``workers``: tokenising processes (default: the recipe's ``build.workers``, else the usable CPU
@@ -153,12 +157,10 @@ def build_corpus(recipe: RecipeConfig | str, home: str | os.PathLike | None = No
             _build_into(tmp, recipe, prepared, key, log, workers, progress)
         except BaseException:
             work = tmp / "work"
-            if not ((work / COLLECTED).is_file() or (work / "tokenizer.json").is_file()
-                    or any(work.rglob("*.npz"))):
+            if not ((work / COLLECTED).is_file() or (work / "tokenizer.json").is_file() or any(work.rglob("*.npz"))):
                 shutil.rmtree(tmp, ignore_errors=True)  # nothing worth resuming
             else:
-                log(f"corpus {target.name}: build stopped; its finished work is kept in {tmp} "
-                    "and the next build of this corpus resumes from it")
+                log(f"corpus {target.name}: build stopped; its finished work is kept in {tmp} and the next build of this corpus resumes from it")
             raise
         os.rename(tmp, target)
     log(f"corpus {target.name}: built in {time.perf_counter() - t0:.1f} s ({target})")
@@ -176,8 +178,7 @@ def _assign_splits(u: np.ndarray, ntok: np.ndarray, recipe: RecipeConfig) -> np.
     out = np.zeros(len(u), dtype=np.int8)
     order = np.argsort(u, kind="stable")
     i = 0
-    for code, hi, need in ((1, sp.validation, sp.min_validation_tokens),
-                           (2, sp.validation + sp.test, sp.min_test_tokens)):
+    for code, hi, need in ((1, sp.validation, sp.min_validation_tokens), (2, sp.validation + sp.test, sp.min_test_tokens)):
         need, got = min(need, total // 3), 0
         while i < len(order) and (u[order[i]] < hi or got < need):
             out[order[i]] = code
@@ -186,8 +187,9 @@ def _assign_splits(u: np.ndarray, ntok: np.ndarray, recipe: RecipeConfig) -> np.
     return out
 
 
-def _build_into(out: Path, recipe: RecipeConfig, prepared: list[PreparedSource], key: str, log,
-                workers: int = 1, progress: bool | None = None) -> None:
+def _build_into(
+    out: Path, recipe: RecipeConfig, prepared: list[PreparedSource], key: str, log, workers: int = 1, progress: bool | None = None
+) -> None:
     """Collect, train or copy the tokenizer, tokenise, write the shards, then the manifest (last)."""
     work = out / "work"
     work.mkdir(exist_ok=True)
@@ -205,32 +207,37 @@ def _build_into(out: Path, recipe: RecipeConfig, prepared: list[PreparedSource],
     units = {}
     for d, items in selected.items():
         order = np.argsort(keys[d], kind="stable")
-        units[d] = plan_units(d, [dg for dg, _, _ in items], [n for _, n, _ in items], order,
-                              tok_sha + np.dtype(dtype).name, recipe.build.unit_bytes)
+        units[d] = plan_units(d, [dg for dg, _, _ in items], [n for _, n, _ in items], order, tok_sha + np.dtype(dtype).name, recipe.build.unit_bytes)
 
     def texts(u: Unit) -> FileTexts:  # locations only: the worker reads the text
         items = selected[u.group]
         return FileTexts(str(spool.path(u.group)), tuple((items[i][2].offset, items[i][1]) for i in u.docs))
 
     t0 = time.perf_counter()
-    run_units([u for us in units.values() for u in us], texts,
-              work / "units", out / "tokenizer.json", eot_token, eot_id, dtype, workers, progress, log)
+    run_units(
+        [u for us in units.values() for u in us], texts, work / "units", out / "tokenizer.json", eot_token, eot_id, dtype, workers, progress, log
+    )
     log(f"  tokenised in {time.perf_counter() - t0:.1f} s")
 
     domains_info = _write_domains(out, selected, dup, keys, units, work / "units", recipe, log)
     manifest = {
-        "format": MANIFEST_FORMAT, "pipeline_version": PIPELINE_VERSION, "key": key,
-        "recipe_name": recipe.name, "recipe": recipe.model_dump(mode="json", exclude={"build"}),
-        "dtype": np.dtype(dtype).name, "tokenizer": tok_info, "splits": list(SPLITS),
-        "domains": domains_info, "skipped_domains": skipped_domains,
+        "format": MANIFEST_FORMAT,
+        "pipeline_version": PIPELINE_VERSION,
+        "key": key,
+        "recipe_name": recipe.name,
+        "recipe": recipe.model_dump(mode="json", exclude={"build"}),
+        "dtype": np.dtype(dtype).name,
+        "tokenizer": tok_info,
+        "splits": list(SPLITS),
+        "domains": domains_info,
+        "skipped_domains": skipped_domains,
         "sources": _source_entries(prepared, selected),
     }
     shutil.rmtree(work)  # the finished corpus holds no work files (units, spool); the manifest comes last
     write_json(out / "manifest.json", manifest)
 
 
-def _selection(work: Path, recipe: RecipeConfig, prepared: list[PreparedSource], log,
-               progress: bool | None) -> tuple[dict, Counter, Spool]:
+def _selection(work: Path, recipe: RecipeConfig, prepared: list[PreparedSource], log, progress: bool | None) -> tuple[dict, Counter, Spool]:
     """Every domain's selected documents, the duplicates removed per domain, and the spool of their texts:
     read from the sources, or reused from an interrupted build that had read them all."""
     done = work / COLLECTED
@@ -252,31 +259,32 @@ def _drop_empty_domains(selected: dict, recipe: RecipeConfig, prepared: list[Pre
         if not items:
             srcs = [p.id for p in prepared if d in _targets(p)]
             if not recipe.domains[d].optional:
-                raise DataError(f"domain {d!r} has no documents (sources: {srcs}); "
-                                "install its sources or mark the domain optional")
+                raise DataError(f"domain {d!r} has no documents (sources: {srcs}); install its sources or mark the domain optional")
             skipped[d] = f"no documents (sources: {', '.join(srcs)})"
             log(f"  domain {d}: skipped, no documents from {srcs}")
             del selected[d]
     return skipped
 
 
-def _write_domains(out: Path, selected: dict, dup: Counter, keys: dict, units: dict, folder: Path,
-                   recipe: RecipeConfig, log) -> dict:
+def _write_domains(out: Path, selected: dict, dup: Counter, keys: dict, units: dict, folder: Path, recipe: RecipeConfig, log) -> dict:
     """Every domain's shards and rows of ``documents.tsv``; returns the manifest's ``domains`` entry."""
     (out / "tokens").mkdir(exist_ok=True)
     domains_info = {}
     with open(out / "documents.tsv", "w", encoding="utf-8") as tsv:
         tsv.write("domain\tsplit\tdigest\tbytes\ttokens\tsource\torigin\n")
         for d, items in selected.items():
-            info: dict[str, Any] = {"role": recipe.domains[d].role, "description": recipe.domains[d].description,
-                                    "duplicates_removed": dup[d], "splits": {}}
+            info: dict[str, Any] = {
+                "role": recipe.domains[d].role,
+                "description": recipe.domains[d].description,
+                "duplicates_removed": dup[d],
+                "splits": {},
+            }
             info["splits"] = _write_shards(out, d, items, keys[d], units[d], folder, recipe, log, tsv)
             info["documents"] = len(items)
             info["bytes"] = sum(n for _, n, _ in items)
             info["tokens"] = sum(s["tokens"] for s in info["splits"].values())
             domains_info[d] = info
-    log(f"  {sum(i['tokens'] for i in domains_info.values()) / 1e6:.2f} M tokens in "
-        f"{sum(len(u) for u in units.values())} units")
+    log(f"  {sum(i['tokens'] for i in domains_info.values()) / 1e6:.2f} M tokens in {sum(len(u) for u in units.values())} units")
     return domains_info
 
 
@@ -290,17 +298,24 @@ def _source_entries(prepared: list[PreparedSource], selected: dict) -> list[dict
     sources = []
     for p in prepared:
         c = p.config
-        entry = {"id": p.id, "kind": c.kind, "domains": sorted(_targets(p)), "license": c.license,
-                 "status": p.status}
+        entry = {"id": p.id, "kind": c.kind, "domains": sorted(_targets(p)), "license": c.license, "status": p.status}
         if p.status == "ok":
-            entry.update(origin=p.origin, sha256=p.fingerprint, files=p.stats["files"],
-                         documents_read=p.stats["records"], empty=p.stats["empty"],
-                         duplicates=p.stats["duplicates"], bytes_read=p.stats["bytes_read"],
-                         bad_bytes=p.stats["bad_bytes"], docs_with_bad_bytes=p.stats["docs_with_bad_bytes"],
-                         malformed=p.stats["malformed"], unreadable_files=p.stats["unreadable_files"],
-                         oversized=p.stats["oversized"],
-                         documents_selected=selected_by_source[p.id],
-                         bytes_selected=selected_bytes[p.id])
+            entry.update(
+                origin=p.origin,
+                sha256=p.fingerprint,
+                files=p.stats["files"],
+                documents_read=p.stats["records"],
+                empty=p.stats["empty"],
+                duplicates=p.stats["duplicates"],
+                bytes_read=p.stats["bytes_read"],
+                bad_bytes=p.stats["bad_bytes"],
+                docs_with_bad_bytes=p.stats["docs_with_bad_bytes"],
+                malformed=p.stats["malformed"],
+                unreadable_files=p.stats["unreadable_files"],
+                oversized=p.stats["oversized"],
+                documents_selected=selected_by_source[p.id],
+                bytes_selected=selected_bytes[p.id],
+            )
             if p.unmapped:
                 entry["unmapped"] = dict(sorted(p.unmapped.items()))
         else:
@@ -309,8 +324,7 @@ def _source_entries(prepared: list[PreparedSource], selected: dict) -> list[dict
     return sources
 
 
-def _tokenizer(out: Path, work: Path, recipe: RecipeConfig, selected: dict, spool: Spool,
-               log) -> tuple[dict, str]:
+def _tokenizer(out: Path, work: Path, recipe: RecipeConfig, selected: dict, spool: Spool, log) -> tuple[dict, str]:
     """Train (or reuse from ``work``) the BPE, or copy the given tokenizer, to ``out/tokenizer.json``."""
     tcfg = recipe.tokenizer
     if not isinstance(tcfg, BPETokenizerConfig):
@@ -337,13 +351,18 @@ def _tokenizer(out: Path, work: Path, recipe: RecipeConfig, selected: dict, spoo
             log("  tokenizer: reusing the one trained by the interrupted build")
         else:
             t0 = time.perf_counter()
-            sample = [raw.decode("utf-8", errors="ignore")  # a cut may split a character
-                      for d, sp in spans.items() for raw in read_spans(spool.path(d), sp)]
+            sample = [
+                raw.decode("utf-8", errors="ignore")  # a cut may split a character
+                for d, sp in spans.items()
+                for raw in read_spans(spool.path(d), sp)
+            ]
             tok = train_bpe(sample, tcfg.vocab_size, tcfg.min_frequency, length=len(sample))
             tok.save(str(work / "tokenizer.json.tmp"))
             os.replace(work / "tokenizer.json.tmp", done)
-            log(f"  tokenizer: byte-level BPE, vocab {tok.get_vocab_size()}, trained on "
-                f"{sum(sample_bytes.values()) / 1e6:.1f} MB ({time.perf_counter() - t0:.1f} s)")
+            log(
+                f"  tokenizer: byte-level BPE, vocab {tok.get_vocab_size()}, trained on "
+                f"{sum(sample_bytes.values()) / 1e6:.1f} MB ({time.perf_counter() - t0:.1f} s)"
+            )
         shutil.copyfile(done, out / "tokenizer.json")
         info = {"kind": "bpe", "trained_on_bytes": sample_bytes, **({"train_domains": tcfg.train_domains} if tcfg.train_domains else {})}
         eot_token = EOT
@@ -351,8 +370,7 @@ def _tokenizer(out: Path, work: Path, recipe: RecipeConfig, selected: dict, spoo
     return info, eot_token
 
 
-def _write_shards(out: Path, d: str, items: list, keys: np.ndarray, units: list, folder: Path,
-                  recipe: RecipeConfig, log, tsv) -> dict:
+def _write_shards(out: Path, d: str, items: list, keys: np.ndarray, units: list, folder: Path, recipe: RecipeConfig, log, tsv) -> dict:
     """The domain's three shards from its units (documents in split-key order within each split).
 
     Its rows of ``documents.tsv`` go straight to ``tsv``, not into a list as long as the domain.
@@ -383,8 +401,11 @@ def _write_shards(out: Path, d: str, items: list, keys: np.ndarray, units: list,
     for name in SPLITS:
         idx = rows[name]
         info[name] = {
-            "documents": len(idx), "bytes": sum(items[i][1] for i in idx), "tokens": int(sum(ntok[idx]) + len(idx)),
-            "file": f"tokens/{d}.{name}.bin", "sha256": hashes[name].hexdigest(),
+            "documents": len(idx),
+            "bytes": sum(items[i][1] for i in idx),
+            "tokens": int(sum(ntok[idx]) + len(idx)),
+            "file": f"tokens/{d}.{name}.bin",
+            "sha256": hashes[name].hexdigest(),
         }
         if not idx:
             log(f"  warning: domain {d} has an empty {name} split")

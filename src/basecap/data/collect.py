@@ -41,8 +41,7 @@ class BottomK:
 
     def admits(self, digest: bytes) -> bool:
         """Whether ``add`` keeps this document now: a caller writes out only texts that are kept."""
-        return (self.cap is None or self.total < self.cap
-                or int.from_bytes(digest[:16], "big") <= -self.heap[0][0])
+        return self.cap is None or self.total < self.cap or int.from_bytes(digest[:16], "big") <= -self.heap[0][0]
 
     def add(self, digest: bytes, nbytes: int, item) -> None:
         if not self.admits(digest):
@@ -99,8 +98,9 @@ class Spool:
         self.files.clear()
 
 
-def collect(recipe: RecipeConfig, prepared: list[PreparedSource], log, progress: bool | None = None, *,
-             spool: Spool) -> tuple[dict[str, list[tuple[bytes, int, Spooled]]], Counter]:
+def collect(
+    recipe: RecipeConfig, prepared: list[PreparedSource], log, progress: bool | None = None, *, spool: Spool
+) -> tuple[dict[str, list[tuple[bytes, int, Spooled]]], Counter]:
     """Read every source; exact de-duplication across the corpus; per-source then per-domain caps.
 
     Returns each domain's selection as (digest, UTF-8 bytes, ``Spooled``) in digest order; the texts
@@ -121,8 +121,14 @@ def collect(recipe: RecipeConfig, prepared: list[PreparedSource], log, progress:
             # about what the domain caps keep instead of everything the source has
             cap = prep.config.max_bytes
             per_domain: dict[str, BottomK] = defaultdict(partial(BottomK, cap)) if cap else domain_sel
-            bar = tqdm(total=len(prep.files), unit="file", desc=f"reading {prep.id}", file=sys.stderr, leave=False,
-                       disable=True if len(prep.files) < 2 else None if progress is None else not progress)
+            bar = tqdm(
+                total=len(prep.files),
+                unit="file",
+                desc=f"reading {prep.id}",
+                file=sys.stderr,
+                leave=False,
+                disable=True if len(prep.files) < 2 else None if progress is None else not progress,
+            )
             for doc in read_source(prep):
                 bar.update(prep.stats["files"] - bar.n)
                 digest = doc_digest(doc.text)
@@ -140,9 +146,11 @@ def collect(recipe: RecipeConfig, prepared: list[PreparedSource], log, progress:
                     domain_sel[domain].add(digest, n, rec)
             bar.close()
             s = prep.stats
-            log(f"  source {prep.id}: {s['records']} documents, {s['bytes_read'] / 1e6:.1f} MB, "
+            log(
+                f"  source {prep.id}: {s['records']} documents, {s['bytes_read'] / 1e6:.1f} MB, "
                 f"{s['duplicates']} duplicates, {s['bad_bytes']} bad bytes, {s['malformed']} malformed "
-                f"({time.perf_counter() - t0:.1f} s)")
+                f"({time.perf_counter() - t0:.1f} s)"
+            )
     finally:
         spool.close()
     return {d: domain_sel.pop(d).items() for d in list(domain_sel)}, dup  # frees each heap as it goes
@@ -158,8 +166,12 @@ def save_collected(path: Path, selected: dict, dup: Counter, prepared: list[Prep
     NUL-separated UTF-8 byte array; the rest as JSON bytes."""
     sources = sorted({rec.source for items in selected.values() for _, _, rec in items} | {p.id for p in prepared})
     index = {sid: i for i, sid in enumerate(sources)}
-    meta = {"domains": list(selected), "sources": sources, "dup": dict(dup),
-            "stats": {p.id: [dict(p.stats), dict(p.unmapped)] for p in prepared if p.status == "ok"}}
+    meta = {
+        "domains": list(selected),
+        "sources": sources,
+        "dup": dict(dup),
+        "stats": {p.id: [dict(p.stats), dict(p.unmapped)] for p in prepared if p.status == "ok"},
+    }
     arrays: dict[str, Any] = {"meta": np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)}
     for i, items in enumerate(selected.values()):
         arrays[f"digest{i}"] = np.frombuffer(b"".join(d for d, _, _ in items), dtype=np.uint8).reshape(len(items), 32)
@@ -179,8 +191,9 @@ def load_collected(path: Path, prepared: list[PreparedSource]) -> tuple[dict, Co
         for i, domain in enumerate(meta["domains"]):
             digests, sizes, offsets, srcs = z[f"digest{i}"], z[f"bytes{i}"], z[f"offset{i}"], z[f"source{i}"]
             origins = z[f"origin{i}"].tobytes().decode("utf-8", "surrogateescape").split("\0") if len(sizes) else []
-            selected[domain] = [(digests[k].tobytes(), int(sizes[k]), Spooled(int(offsets[k]), meta["sources"][srcs[k]], origins[k]))
-                                for k in range(len(sizes))]
+            selected[domain] = [
+                (digests[k].tobytes(), int(sizes[k]), Spooled(int(offsets[k]), meta["sources"][srcs[k]], origins[k])) for k in range(len(sizes))
+            ]
     for p in prepared:
         if p.id in meta["stats"]:
             stats, unmapped = meta["stats"][p.id]

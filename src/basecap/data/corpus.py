@@ -49,9 +49,11 @@ class Corpus:
                 path, want = self.dir / info["file"], info["tokens"] * self.dtype.itemsize
                 have = path.stat().st_size if path.is_file() else None
                 if have != want:
-                    raise ConfigError(f"{path}: token shard of {domain}/{split} is {'missing' if have is None else f'{have} bytes'}, "
-                                      f"the manifest records {want} bytes; the corpus is damaged: run `basecap data verify {self.dir}` "
-                                      f"and rebuild it (remove the folder, then `basecap data build`)")
+                    raise ConfigError(
+                        f"{path}: token shard of {domain}/{split} is {'missing' if have is None else f'{have} bytes'}, "
+                        f"the manifest records {want} bytes; the corpus is damaged: run `basecap data verify {self.dir}` "
+                        f"and rebuild it (remove the folder, then `basecap data build`)"
+                    )
 
     @property
     def name(self) -> str:
@@ -81,8 +83,7 @@ class Corpus:
             if info["tokens"] == 0:
                 self._shards[key] = np.zeros(0, dtype=self.dtype)
             else:
-                self._shards[key] = np.memmap(self.dir / info["file"], dtype=self.dtype, mode="r",
-                                              shape=(info["tokens"],))
+                self._shards[key] = np.memmap(self.dir / info["file"], dtype=self.dtype, mode="r", shape=(info["tokens"],))
         return self._shards[key]
 
     def token_bytes(self) -> np.ndarray:
@@ -130,13 +131,10 @@ def summarize(corpus: Corpus) -> str:
         for s in SPLITS:
             si = info["splits"][s]
             bpt = f"{si['bytes'] / si['tokens']:.2f}" if si["tokens"] else "-"
-            rows.append((d, info["role"], s, f"{si['bytes'] / 1e6:.2f}", str(si["documents"]),
-                         f"{si['tokens']:,}", bpt))
+            rows.append((d, info["role"], s, f"{si['bytes'] / 1e6:.2f}", str(si["documents"]), f"{si['tokens']:,}", bpt))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(c.ljust(w) if i < 3 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
-             for r in rows]
-    head = (f"corpus {corpus.name}: vocab {corpus.vocab_size}, "
-            f"{sum(corpus.manifest['domains'][d]['tokens'] for d in corpus.domains):,} tokens")
+    lines = ["  ".join(c.ljust(w) if i < 3 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))) for r in rows]
+    head = f"corpus {corpus.name}: vocab {corpus.vocab_size}, {sum(corpus.manifest['domains'][d]['tokens'] for d in corpus.domains):,} tokens"
     skipped = corpus.manifest.get("skipped_domains") or {}
     tail = [f"skipped domain {d}: {why}" for d, why in skipped.items()]
     return "\n".join([head, *lines, *tail])

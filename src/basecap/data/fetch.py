@@ -115,8 +115,11 @@ def fetch_archive(kind: str, package: str, version: str, sha256: str, home: Path
             if shutil.which("npm") is None:
                 raise SourceUnavailable("npm not found")
             log(f"  downloading {package}@{version} with npm pack")
-            run_tool(["npm", "pack", f"{package}@{version}", "--pack-destination", tmp, "--ignore-scripts", "--silent"],
-                     tmp, f"npm download of {package} {version}")
+            run_tool(
+                ["npm", "pack", f"{package}@{version}", "--pack-destination", tmp, "--ignore-scripts", "--silent"],
+                tmp,
+                f"npm download of {package} {version}",
+            )
         got = [p for p in Path(tmp).iterdir() if p.is_file()]
         if len(got) != 1:
             raise SourceUnavailable(f"expected one archive from {kind}, got {[p.name for p in got]}")
@@ -137,6 +140,8 @@ def check_sha256(path: Path, expected: str, what: str) -> str:
     with open(path, "rb") as f:
         digest = hashlib.file_digest(f, "sha256").hexdigest()
     if digest != expected:
-        raise DataError(f"{what}: {path.name} has SHA-256 {digest}, the recipe expects {expected}; "
-                        "nothing was unpacked (a changed upload, or a wrong sha256 in the recipe)")
+        raise DataError(
+            f"{what}: {path.name} has SHA-256 {digest}, the recipe expects {expected}; "
+            "nothing was unpacked (a changed upload, or a wrong sha256 in the recipe)"
+        )
     return digest

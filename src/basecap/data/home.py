@@ -32,15 +32,18 @@ def open_built_corpus(name: str | None, recipe: str, home: str | os.PathLike | N
     ``recipe`` only goes into the message that says how to build it."""
     build = f"basecap data build {shlex.quote(str(recipe))}"
     if not isinstance(name, str) or not CORPUS_DIR.fullmatch(name):
-        raise CorpusMissing(f"the run names no valid corpus folder ({name!r}); build its corpus with: {build}, "
-                            "then evaluate with the corpus passed explicitly (Python API)")
+        raise CorpusMissing(
+            f"the run names no valid corpus folder ({name!r}); build its corpus with: {build}, "
+            "then evaluate with the corpus passed explicitly (Python API)"
+        )
     corpora = data_home(home) / "corpora"
     folder = corpora / name
     if not (folder / "manifest.json").is_file():
         raise CorpusMissing(
             f"corpus {name} is not in the data home ({corpora}); reading a run directory never builds one. "
             f"Build it with: {build} (from the recipe the run was trained on: its key starts {name.rsplit('-', 1)[1]}), "
-            "or set BASECAP_HOME to the data home that holds it")
+            "or set BASECAP_HOME to the data home that holds it"
+        )
     corpus = Corpus(folder)
     if not str(corpus.manifest.get("key", "")).startswith(name.rsplit("-", 1)[1]):
         raise CorpusMissing(f"{folder}: its manifest's key does not match the folder name; rebuild it with: {build}")
@@ -90,8 +93,10 @@ def corpus_for_verify(target: str, home: str | os.PathLike | None = None) -> Cor
 
     name = load_recipe(target).name
     corpora = data_home(home) / "corpora"
-    built = sorted((c for c in corpora.glob(f"{name}-*") if CORPUS_DIR.fullmatch(c.name) and (c / "manifest.json").is_file()),
-                   key=lambda c: (c / "manifest.json").stat().st_mtime)
+    built = sorted(
+        (c for c in corpora.glob(f"{name}-*") if CORPUS_DIR.fullmatch(c.name) and (c / "manifest.json").is_file()),
+        key=lambda c: (c / "manifest.json").stat().st_mtime,
+    )
     if not built:
         raise CorpusMissing(f"no built corpus of recipe {name!r} in {corpora}; build it with: basecap data build {shlex.quote(target)}")
     return Corpus(built[-1], check_sizes=False)

@@ -31,8 +31,17 @@ def check_domains(fields: dict[str, Iterable[str]], known: Sequence[str], source
 class TrainBatches:
     """Windows of ``seq_len + 1`` tokens from the train splits, domains drawn by ``weights``."""
 
-    def __init__(self, corpus: Corpus, weights: dict[str, float], seq_len: int, batch_size: int,
-                 seed: int = 0, rank: int = 0, world_size: int = 1, split: str = "train"):
+    def __init__(
+        self,
+        corpus: Corpus,
+        weights: dict[str, float],
+        seq_len: int,
+        batch_size: int,
+        seed: int = 0,
+        rank: int = 0,
+        world_size: int = 1,
+        split: str = "train",
+    ):
         check_domains({"training weights": weights}, corpus.domains)
         bad = {d: w for d, w in weights.items() if not (isinstance(w, numbers.Real) and 0 <= w < float("inf"))}
         if bad:
@@ -73,8 +82,7 @@ class TrainBatches:
         return w[:, :-1], w[:, 1:]
 
 
-def eval_windows(corpus: Corpus, domain: str, split: str = "validation", seq_len: int = 256,
-                 max_tokens: int | None = 65536) -> np.ndarray:
+def eval_windows(corpus: Corpus, domain: str, split: str = "validation", seq_len: int = 256, max_tokens: int | None = 65536) -> np.ndarray:
     """Start of every evaluation window of ``domain``/``split``: fixed, spread over the whole split.
 
     n = min(max_tokens, len - 1) // T windows (all of the split when ``max_tokens`` is None). The
@@ -87,15 +95,15 @@ def eval_windows(corpus: Corpus, domain: str, split: str = "validation", seq_len
     available = max(n_tokens - 1, 0) // seq_len
     n = available if max_tokens is None else min(max_tokens // seq_len, available)
     if n <= 0:
-        raise ValueError(f"{domain}/{split} has {n_tokens} tokens: not one window of {seq_len} + 1 "
-                         f"(max_tokens={max_tokens})")
+        raise ValueError(f"{domain}/{split} has {n_tokens} tokens: not one window of {seq_len} + 1 (max_tokens={max_tokens})")
     stratum = (n_tokens - 1) // n
     rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence(list(f"{domain}\0{split}".encode()))))
     return np.arange(n, dtype=np.int64) * stratum + rng.integers(0, stratum - seq_len + 1, size=n)
 
 
-def eval_batches(corpus: Corpus, domain: str, split: str = "validation", seq_len: int = 256,
-                 batch_size: int = 8, max_tokens: int | None = 65536) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+def eval_batches(
+    corpus: Corpus, domain: str, split: str = "validation", seq_len: int = 256, batch_size: int = 8, max_tokens: int | None = 65536
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """The windows of :func:`eval_windows` in batches of (x, y) LongTensors [B, T], in split order.
 
     A window starting at s holds tokens [s, s + T] (x the first T, y the last T). The same arguments give

@@ -16,6 +16,7 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import Discriminator, Field, Tag, ValidationError, field_validator, model_validator
 
 from ..config_base import ConfigError, Strict, check_name, format_validation_error, valid_name
+
 SPLITS = ("train", "validation", "test")
 
 
@@ -130,8 +131,7 @@ class PythonTopicsSource(_SourceBase):
 
 
 Source = Annotated[
-    Union[PipSdistSource, NpmPackSource, FilesSource, JsonlSource, ParquetSource, ArrowSource, HFDiskSource,
-          PythonTopicsSource],
+    Union[PipSdistSource, NpmPackSource, FilesSource, JsonlSource, ParquetSource, ArrowSource, HFDiskSource, PythonTopicsSource],
     Field(discriminator="kind"),
 ]
 
@@ -154,9 +154,12 @@ class BPETokenizerConfig(Strict):
     vocab_size: int = Field(default=8192, ge=300, le=2**31 - 1)
     sample_bytes_per_domain: int = Field(default=4_000_000, gt=0)
     min_frequency: int = Field(default=2, ge=1)
-    train_domains: list[str] | None = Field(default=None, description="domains whose samples train the BPE (default: every "
-                                            "domain); the training domains only is the control for held-out tokens that "
-                                            "training never sees (docs/metrics.md)")
+    train_domains: list[str] | None = Field(
+        default=None,
+        description="domains whose samples train the BPE (default: every "
+        "domain); the training domains only is the control for held-out tokens that "
+        "training never sees (docs/metrics.md)",
+    )
 
 
 class FileTokenizerConfig(Strict):
@@ -215,9 +218,7 @@ class RecipeConfig(Strict):
                 targets += list(s.domain_map.values())
             for t in targets:
                 if t not in self.domains:
-                    raise ValueError(
-                        f"sources.{i} feeds unknown domain {t!r}; declared: {sorted(self.domains)}"
-                    )
+                    raise ValueError(f"sources.{i} feeds unknown domain {t!r}; declared: {sorted(self.domains)}")
             if not targets:
                 raise ValueError(f"sources.{i} ({s.kind}) needs `domain`")
             fed.update(targets)

@@ -89,8 +89,7 @@ def mapped_domain(prep: PreparedSource, label) -> str | None:
     return prep.config.domain_map[label]
 
 
-def make_doc(prep: PreparedSource, domain: str, raw: bytes | None, origin: str,
-             text: str | None = None, bad: int = 0) -> Doc | None:
+def make_doc(prep: PreparedSource, domain: str, raw: bytes | None, origin: str, text: str | None = None, bad: int = 0) -> Doc | None:
     """The normalised, cleaned document of ``raw`` bytes (or of ``text`` with ``bad`` replaced bytes);
     None when nothing but whitespace is left."""
     if raw is not None:

@@ -232,7 +232,7 @@ def _zstd_chunks(path: Path, size: int) -> Iterator[bytes]:
         dobj, fed, frame = dctx.decompressobj(), False, 0
         for block in iter(lambda: f.read(max(size // 16, piece)), b""):
             for i in range(0, len(block), piece):
-                chunk = block[i:i + piece]
+                chunk = block[i : i + piece]
                 while chunk:
                     fed = True
                     got = dobj.decompress(chunk)
@@ -296,8 +296,7 @@ def _lines(prep: PreparedSource, path: Path) -> Iterator[tuple[int, bytes]]:
 
 def _unreadable(prep: PreparedSource, path: Path, lineno: int, err: Exception) -> None:
     prep.stats["unreadable_files"] += 1
-    warnings.warn(f"{path}:{lineno}: stream unreadable from here on, rest of the file skipped ({err})",
-                  MalformedRecordWarning, stacklevel=4)
+    warnings.warn(f"{path}:{lineno}: stream unreadable from here on, rest of the file skipped ({err})", MalformedRecordWarning, stacklevel=4)
 
 
 def _read_jsonl(prep: PreparedSource) -> Iterator[Doc]:
@@ -373,7 +372,7 @@ def read_source(prep: PreparedSource) -> Iterator[Doc]:
                 yield doc
     if prep.stats["malformed"] > prep.warned:
         warnings.warn(
-            f"source {prep.id}: {prep.stats['malformed']} malformed records skipped in all "
-            f"({prep.stats['malformed'] - prep.warned} not shown)", MalformedRecordWarning, stacklevel=2,
+            f"source {prep.id}: {prep.stats['malformed']} malformed records skipped in all ({prep.stats['malformed'] - prep.warned} not shown)",
+            MalformedRecordWarning,
+            stacklevel=2,
         )
-

@@ -14,8 +14,17 @@ from pathlib import Path
 from typing import Iterator
 
 from .recipe import HFDiskSource
-from .source_base import (DataError, MalformedRecordWarning, PreparedSource, SourceUnavailable, expand_root, get_field,
-                          make_doc, malformed, mapped_domain)
+from .source_base import (
+    DataError,
+    MalformedRecordWarning,
+    PreparedSource,
+    SourceUnavailable,
+    expand_root,
+    get_field,
+    make_doc,
+    malformed,
+    mapped_domain,
+)
 from .text import Doc, decode_utf8
 
 SUFFIXES = {"parquet": (".parquet",), "arrow": (".arrow", ".feather", ".ipc")}
@@ -66,8 +75,9 @@ def table_files(src) -> list[Path]:
             if isinstance(src, HFDiskSource):
                 found = _hf_disk_files(p, src)
             elif p.is_dir():
-                found = sorted((q for q in p.rglob("*") if q.is_file() and q.name.endswith(SUFFIXES[src.kind])),
-                               key=lambda q: q.relative_to(p).as_posix())
+                found = sorted(
+                    (q for q in p.rglob("*") if q.is_file() and q.name.endswith(SUFFIXES[src.kind])), key=lambda q: q.relative_to(p).as_posix()
+                )
             else:
                 found = [p] if p.is_file() else []
             files += [q for q in found if q not in files]
@@ -157,5 +167,4 @@ def read_table(prep: PreparedSource) -> Iterator[Doc]:
                 row += batch.num_rows
         except (OSError, pa.ArrowException) as e:
             prep.stats["unreadable_files"] += 1
-            warnings.warn(f"{path} row {row}: file unreadable from here on, rest of the file skipped ({e})",
-                          MalformedRecordWarning, stacklevel=2)
+            warnings.warn(f"{path} row {row}: file unreadable from here on, rest of the file skipped ({e})", MalformedRecordWarning, stacklevel=2)

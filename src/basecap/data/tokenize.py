@@ -78,8 +78,9 @@ def read_spans(path: str | os.PathLike, spans: Sequence[tuple[int, int]]) -> lis
     return out
 
 
-def plan_units(group: str, digests: Sequence[bytes], nbytes: Sequence[int], order: Sequence[int] | np.ndarray,
-               tokenizer_sha: str, unit_bytes: int) -> list[Unit]:
+def plan_units(
+    group: str, digests: Sequence[bytes], nbytes: Sequence[int], order: Sequence[int] | np.ndarray, tokenizer_sha: str, unit_bytes: int
+) -> list[Unit]:
     """Consecutive documents of ``order`` in units that close once they hold ``unit_bytes`` of text."""
     units: list[Unit] = []
     cur: list[int] = []
@@ -170,9 +171,19 @@ def _pool(workers: int, initargs: tuple):
         pool.join()
 
 
-def run_units(units: list[Unit], texts: Callable[[Unit], Sequence[str] | FileTexts], folder: Path, tokenizer_path: Path,
-              eot_token: str, eot_id: int, dtype, workers: int, progress: bool | None = None,
-              log: Callable[[str], None] = print, desc: str = "tokenising") -> int:
+def run_units(
+    units: list[Unit],
+    texts: Callable[[Unit], Sequence[str] | FileTexts],
+    folder: Path,
+    tokenizer_path: Path,
+    eot_token: str,
+    eot_id: int,
+    dtype,
+    workers: int,
+    progress: bool | None = None,
+    log: Callable[[str], None] = print,
+    desc: str = "tokenising",
+) -> int:
     """Tokenise every unit not yet committed in ``folder``; returns how many were already there.
 
     ``texts(unit)``: the unit's texts in order, or a ``FileTexts`` that the worker reads.
@@ -184,15 +195,25 @@ def run_units(units: list[Unit], texts: Callable[[Unit], Sequence[str] | FileTex
     reused = len(units) - len(todo)
     total = sum(u.nbytes for u in units)
     workers = max(1, min(workers, len(todo)))
-    log(f"  {desc}: {len(units)} units, {total / 1e6:.1f} MB of text"
+    log(
+        f"  {desc}: {len(units)} units, {total / 1e6:.1f} MB of text"
         + (f", {reused} already committed (resumed)" if reused else "")
-        + (f", {workers} worker{'s' if workers > 1 else ''}" if todo else ""))
+        + (f", {workers} worker{'s' if workers > 1 else ''}" if todo else "")
+    )
     if not todo:
         return reused
     from tqdm.auto import tqdm
 
-    bar = tqdm(total=total, initial=total - sum(u.nbytes for u in todo), unit="B", unit_scale=True,
-               desc=desc, file=sys.stderr, disable=None if progress is None else not progress, leave=False)
+    bar = tqdm(
+        total=total,
+        initial=total - sum(u.nbytes for u in todo),
+        unit="B",
+        unit_scale=True,
+        desc=desc,
+        file=sys.stderr,
+        disable=None if progress is None else not progress,
+        leave=False,
+    )
     dtype = np.dtype(dtype)
     try:
         if workers == 1:
@@ -202,6 +223,7 @@ def run_units(units: list[Unit], texts: Callable[[Unit], Sequence[str] | FileTex
                 bar.update(u.nbytes)
                 _committed(u)
         else:
+
             def jobs() -> Iterator:
                 for u in todo:
                     yield texts(u), str(folder / u.file), eot_id, dtype.name

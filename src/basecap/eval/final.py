@@ -38,11 +38,25 @@ def load_trained(run_dir: str | Path, corpus=None, log=print):
 def evaluate_run(run_dir: str | Path, corpus=None, split: str = "test", max_tokens: int | None = None, log=print) -> dict:
     model, cfg, corpus, ckpt = load_trained(run_dir, corpus, log)
     domains = cfg.data.eval_domains or corpus.domains
-    ev = DomainEvaluator(corpus, domains, split, cfg.data.seq_len, cfg.eval.batch_size, max_tokens or cfg.eval.max_tokens,
-                         train_weights=cfg.data.train_weights, seen_min_count=cfg.eval.seen_min_count)
+    ev = DomainEvaluator(
+        corpus,
+        domains,
+        split,
+        cfg.data.seq_len,
+        cfg.eval.batch_size,
+        max_tokens or cfg.eval.max_tokens,
+        train_weights=cfg.data.train_weights,
+        seen_min_count=cfg.eval.seen_min_count,
+    )
     res = ev.evaluate(model)
-    out = {"run_id": cfg.run_id, "checkpoint": ckpt.name, "split": split, "in_domain": cfg.data.in_domains(),
-           "in_domain_loss": in_domain_loss(res, cfg.data.train_weights), "domains": res}
+    out = {
+        "run_id": cfg.run_id,
+        "checkpoint": ckpt.name,
+        "split": split,
+        "in_domain": cfg.data.in_domains(),
+        "in_domain_loss": in_domain_loss(res, cfg.data.train_weights),
+        "domains": res,
+    }
     if all(d in res for d in cfg.data.in_domains()):
         out["unigram_in_domain_loss"] = in_domain_loss(res, cfg.data.train_weights, key="unigram_loss")
         out["context_gain"] = out["unigram_in_domain_loss"] - out["in_domain_loss"]

@@ -36,6 +36,7 @@ import torch.nn.functional as F
 
 try:
     import lm_eval.models  # noqa: F401 - registers lm-eval's own models (hf, ...) before ours; lm-eval only
+
     # auto-loads them while its registry is empty
     from lm_eval.api.model import TemplateLM
     from lm_eval.api.registry import register_model
@@ -45,6 +46,7 @@ except ImportError as e:  # pragma: no cover - depends on the environment
 from ..config_base import ConfigError
 from .recall import answer_contained
 from .suites import Subject, greedy_generate, load_subject
+
 
 class LMEvalDataError(RuntimeError):
     """A task's dataset is not available offline."""
@@ -56,8 +58,16 @@ class BasecapLM(TemplateLM):
     ``max_length`` (default: the run's training context), ``max_gen_toks`` (default 256),
     ``device`` (default: where the model is)."""
 
-    def __init__(self, path: str | None = None, subject: Subject | None = None, batch_size: int | str = 8,
-                 max_length: int | None = None, max_gen_toks: int = 256, device: str | None = None, **_ignored):
+    def __init__(
+        self,
+        path: str | None = None,
+        subject: Subject | None = None,
+        batch_size: int | str = 8,
+        max_length: int | None = None,
+        max_gen_toks: int = 256,
+        device: str | None = None,
+        **_ignored,
+    ):
         super().__init__()
         if subject is None:
             if path is None:
@@ -99,19 +109,19 @@ class BasecapLM(TemplateLM):
         """(sum log p(continuation | context), continuation is the greedy output) per pair."""
         items = []
         for ctx, cont in pairs:
-            whole = (ctx + cont)[-(self.max_length + 1):]
+            whole = (ctx + cont)[-(self.max_length + 1) :]
             n_cont = min(len(cont), len(whole) - 1)
             items.append((whole[:-1], whole[-n_cont:] if n_cont else []))
         order = sorted(range(len(items)), key=lambda i: -len(items[i][0]))
         out: list[tuple[float, bool] | None] = [None] * len(items)
         dev = self._device
         for s in range(0, len(order), self.batch_size):
-            chunk = order[s:s + self.batch_size]
+            chunk = order[s : s + self.batch_size]
             T = len(items[chunk[0]][0])
             x = torch.full((len(chunk), T), self.eot_token_id, dtype=torch.long, device=dev)
             for r, i in enumerate(chunk):
                 inp = items[i][0]
-                x[r, :len(inp)] = torch.tensor(inp, dtype=torch.long)
+                x[r, : len(inp)] = torch.tensor(inp, dtype=torch.long)
             logits, _ = self.model(x)
             logp = F.log_softmax(logits.float(), dim=-1)  # [B, T, V]
             for r, i in enumerate(chunk):
@@ -138,8 +148,9 @@ class BasecapLM(TemplateLM):
         pairs, owner = [], []
         for k, req in enumerate(requests):
             (text,) = req.args
-            windows = get_rolling_token_windows(token_list=self.tok_encode(text), prefix_token=self.prefix_token_id,
-                                                max_seq_len=self.max_length, context_len=1)
+            windows = get_rolling_token_windows(
+                token_list=self.tok_encode(text), prefix_token=self.prefix_token_id, max_seq_len=self.max_length, context_len=1
+            )
             for ctx, cont in map(make_disjoint_window, windows):
                 pairs.append((list(ctx), list(cont)))
                 owner.append(k)
@@ -165,8 +176,7 @@ class BasecapLM(TemplateLM):
             groups.setdefault((until, max_new), []).append(k)
         out: list[str | None] = [None] * len(requests)
         for (until, max_new), idxs in groups.items():
-            texts = greedy_generate(self.subject, [prompts[k] for k in idxs], max_new, stop=until,
-                                    batch_size=self.batch_size)
+            texts = greedy_generate(self.subject, [prompts[k] for k in idxs], max_new, stop=until, batch_size=self.batch_size)
             for k, t in zip(idxs, texts):
                 out[k] = t
                 self.cache_hook.add_partial("generate_until", requests[k].args, t)
@@ -221,8 +231,9 @@ def _write_if_changed(path: Path, text: str) -> None:
         path.write_text(text, encoding="utf-8")
 
 
-def write_corpus_tasks(subject: Subject, dest: str | Path | None = None, n_docs: int = 64, n_extraction: int = 64,
-                       split: str = "test", seed: int = 0) -> Path:
+def write_corpus_tasks(
+    subject: Subject, dest: str | Path | None = None, n_docs: int = 64, n_extraction: int = 64, split: str = "test", seed: int = 0
+) -> Path:
     """lm-eval tasks generated from the run's corpus (deterministic by seed): ``basecap_ppl_<domain>``
     (rolling perplexity of ``n_docs`` held-out documents per domain) and ``basecap_extraction`` (the
     recall suite's structured-extraction task); tag ``basecap_corpus`` selects them all."""
@@ -244,7 +255,7 @@ def write_corpus_tasks(subject: Subject, dest: str | Path | None = None, n_docs:
     for d in corpus.domains:
         toks = np.asarray(corpus.tokens(d, split))
         cuts = np.flatnonzero(toks == corpus.eot_id)
-        docs = [toks[a + 1:b] for a, b in zip(np.r_[-1, cuts[:-1]], cuts) if b > a + 1]
+        docs = [toks[a + 1 : b] for a, b in zip(np.r_[-1, cuts[:-1]], cuts) if b > a + 1]
         pick = sorted(random.Random(f"{seed}-{d}").sample(range(len(docs)), min(n_docs, len(docs))))
         lines = "".join(json.dumps({"text": corpus.tokenizer.decode(docs[i].tolist())}) + "\n" for i in pick)
         _write_if_changed(dest / f"ppl_{d}.jsonl", lines)
@@ -283,15 +294,18 @@ def task_manager(tasks: list[str], include_path=None):
     indexed (seconds) only when a requested task is not found in those folders."""
     from lm_eval.tasks import TaskManager
 
-    paths = [str(prepare_task_dir())] + ([str(p) for p in include_path] if isinstance(include_path, (list, tuple))
-                                         else [str(include_path)] if include_path else [])
+    paths = [str(prepare_task_dir())] + (
+        [str(p) for p in include_path] if isinstance(include_path, (list, tuple)) else [str(include_path)] if include_path else []
+    )
     tm = TaskManager(include_path=paths, include_defaults=False)
     if any(t not in tm.all_tasks for t in tasks):
         tm = TaskManager(include_path=paths)
     unknown = [t for t in tasks if t not in tm.all_tasks and not Path(t).exists()]
     if unknown:
-        raise ConfigError(f"unknown lm-eval task(s) {unknown}; see `lm-eval ls tasks` or basecap's tasks: "
-                          + ", ".join(n for n in tm.all_tasks if n.startswith("basecap")))
+        raise ConfigError(
+            f"unknown lm-eval task(s) {unknown}; see `lm-eval ls tasks` or basecap's tasks: "
+            + ", ".join(n for n in tm.all_tasks if n.startswith("basecap"))
+        )
     return tm
 
 
@@ -309,15 +323,28 @@ def check_datasets(tm, tasks: list[str]) -> None:
             raise LMEvalDataError(
                 f"lm-eval task {t!r} could not load its data offline ({type(e).__name__}: {str(e)[:300]}).\n"
                 f"It reads: {names or '(unknown dataset)'}.\n"
-                + (f"On a machine with internet run `python -c \"import datasets; {fetch}\"`, then copy its Hugging Face "
-                   f"caches (datasets: {cache}; hub: {hub}) to the same places here. " if fetch else
-                   "Check that the data_files exist (lm-eval reads relative paths from the working directory). ")
-                + "See docs/evaluation.md.") from e
+                + (
+                    f"On a machine with internet run `python -c \"import datasets; {fetch}\"`, then copy its Hugging Face "
+                    f"caches (datasets: {cache}; hub: {hub}) to the same places here. "
+                    if fetch
+                    else "Check that the data_files exist (lm-eval reads relative paths from the working directory). "
+                )
+                + "See docs/evaluation.md."
+            ) from e
 
 
-def run_lm_eval(run_dir, tasks: list[str] | str, num_fewshot: int | None = None, limit: int | float | None = None,
-                batch_size: int = 8, include_path=None, seed: int = 1234, bootstrap_iters: int = 1000,
-                max_length: int | None = None, log_samples: bool = False) -> dict:
+def run_lm_eval(
+    run_dir,
+    tasks: list[str] | str,
+    num_fewshot: int | None = None,
+    limit: int | float | None = None,
+    batch_size: int = 8,
+    include_path=None,
+    seed: int = 1234,
+    bootstrap_iters: int = 1000,
+    max_length: int | None = None,
+    log_samples: bool = False,
+) -> dict:
     """Evaluate a run (directory or ``Subject``) on lm-eval tasks; returns ``{"results", "n_samples",
     "config", ...}`` from lm-eval (JSON-serialisable)."""
     from lm_eval import simple_evaluate
@@ -329,26 +356,49 @@ def run_lm_eval(run_dir, tasks: list[str] | str, num_fewshot: int | None = None,
     subject = run_dir if isinstance(run_dir, Subject) else load_subject(run_dir)
     if any(t.startswith(("basecap_ppl_", "basecap_extraction", "basecap_corpus")) for t in tasks):
         extra = [str(write_corpus_tasks(subject, seed=0))]
-        include_path = extra + ([str(p) for p in include_path] if isinstance(include_path, (list, tuple))
-                                else [str(include_path)] if include_path else [])
+        include_path = extra + (
+            [str(p) for p in include_path] if isinstance(include_path, (list, tuple)) else [str(include_path)] if include_path else []
+        )
     tm = task_manager(tasks, include_path)
     check_datasets(tm, tasks)
     lm = BasecapLM(subject=subject, batch_size=batch_size, max_length=max_length)
-    res = simple_evaluate(model=lm, tasks=tasks, num_fewshot=num_fewshot, limit=limit, task_manager=tm,
-                          batch_size=batch_size, log_samples=log_samples, bootstrap_iters=bootstrap_iters,
-                          random_seed=seed, numpy_random_seed=seed, torch_random_seed=seed, fewshot_random_seed=seed)
-    keep = {k: res[k] for k in ("results", "groups", "group_subtasks", "configs", "versions", "n-shot", "higher_is_better",
-                                "n-samples", "samples") if k in res}
+    res = simple_evaluate(
+        model=lm,
+        tasks=tasks,
+        num_fewshot=num_fewshot,
+        limit=limit,
+        task_manager=tm,
+        batch_size=batch_size,
+        log_samples=log_samples,
+        bootstrap_iters=bootstrap_iters,
+        random_seed=seed,
+        numpy_random_seed=seed,
+        torch_random_seed=seed,
+        fewshot_random_seed=seed,
+    )
+    keep = {
+        k: res[k]
+        for k in ("results", "groups", "group_subtasks", "configs", "versions", "n-shot", "higher_is_better", "n-samples", "samples")
+        if k in res
+    }
     return json.loads(json.dumps(keep, default=handle_non_serializable))
 
 
-def lm_eval_suite(subject: Subject, out_dir: Path, tasks: list[str] | str = "basecap_smoke", num_fewshot: int | None = None,
-                  limit: int | float | None = None, batch_size: int = 8, include_path=None, seed: int = 1234,
-                  max_length: int | None = None) -> dict:
-    res = run_lm_eval(subject, tasks, num_fewshot=num_fewshot, limit=limit, batch_size=batch_size,
-                      include_path=include_path, seed=seed, max_length=max_length)
-    summary = {t: {k.split(",")[0]: v for k, v in m.items() if k not in ("alias", "name") and "stderr" not in k}
-               for t, m in res["results"].items()}
+def lm_eval_suite(
+    subject: Subject,
+    out_dir: Path,
+    tasks: list[str] | str = "basecap_smoke",
+    num_fewshot: int | None = None,
+    limit: int | float | None = None,
+    batch_size: int = 8,
+    include_path=None,
+    seed: int = 1234,
+    max_length: int | None = None,
+) -> dict:
+    res = run_lm_eval(
+        subject, tasks, num_fewshot=num_fewshot, limit=limit, batch_size=batch_size, include_path=include_path, seed=seed, max_length=max_length
+    )
+    summary = {t: {k.split(",")[0]: v for k, v in m.items() if k not in ("alias", "name") and "stderr" not in k} for t, m in res["results"].items()}
     return {"tasks": tasks, "num_fewshot": num_fewshot, "limit": limit, "summary": summary, **res}
 
 
@@ -379,7 +429,7 @@ def _flag_values(argv: list[str], *flags: str) -> list[str]:
     out = []
     for i, a in enumerate(argv):
         if a in flags:
-            out += _until_flag(argv[i + 1:])
+            out += _until_flag(argv[i + 1 :])
         elif any(a.startswith(f + "=") for f in flags):
             out.append(a.split("=", 1)[1])
     return out

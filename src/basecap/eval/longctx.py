@@ -32,7 +32,7 @@ def corpus_sentences(corpus, domain: str, split: str, seed: int, window: int = 4
         raise ValueError(f"corpus {domain}/{split} is too small for a haystack")
     pos = random.Random(seed).randrange(len(toks))
     while True:
-        chunk = np.asarray(toks[pos:pos + window])
+        chunk = np.asarray(toks[pos : pos + window])
         pos = (pos + window) % max(1, len(toks) - 1)
         text = corpus.tokenizer.decode([int(t) for t in chunk if int(t) != corpus.eot_id])
         for s in re.split(r"(?<=[.!?])\s+|\n+", text)[1:-1]:
@@ -47,8 +47,7 @@ def heatmap(grid: dict, lengths: list[int], depths: list[float], title: str, pat
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    a = np.array([[grid[str(L)][f"{d:g}"] if grid[str(L)][f"{d:g}"] is not None else np.nan for L in lengths]
-                  for d in depths])
+    a = np.array([[grid[str(L)][f"{d:g}"] if grid[str(L)][f"{d:g}"] is not None else np.nan for L in lengths] for d in depths])
     fig, ax = plt.subplots(figsize=(1.2 + 0.9 * len(lengths), 1.0 + 0.5 * len(depths)))
     im = ax.imshow(a, vmin=0, vmax=1, cmap="RdYlGn", aspect="auto")
     ax.set_xticks(range(len(lengths)), [str(L) for L in lengths])
@@ -66,8 +65,21 @@ def heatmap(grid: dict, lengths: list[int], depths: list[float], title: str, pat
     return path
 
 
-def _retrieval(subject, out_dir: Path, name: str, make_parts, lengths, depths, samples: int, seed: int,
-               haystack: str, domain: str | None, split: str, max_new_tokens: int, batch_size: int) -> dict:
+def _retrieval(
+    subject,
+    out_dir: Path,
+    name: str,
+    make_parts,
+    lengths,
+    depths,
+    samples: int,
+    seed: int,
+    haystack: str,
+    domain: str | None,
+    split: str,
+    max_new_tokens: int,
+    batch_size: int,
+) -> dict:
     from ..config_base import ConfigError
     from .suites import greedy_generate
 
@@ -88,8 +100,11 @@ def _retrieval(subject, out_dir: Path, name: str, make_parts, lengths, depths, s
                 skipped[str(L)] = f"learned absolute positions end at {limit}"
                 continue
             rng = random.Random(f"{name}-{seed}-{L}-{d:g}")
-            sents = noise_sentences() if haystack == "noise" else \
-                corpus_sentences(subject.corpus, domain or subject.corpus.domains[0], split, rng.randrange(2**31))
+            sents = (
+                noise_sentences()
+                if haystack == "noise"
+                else corpus_sentences(subject.corpus, domain or subject.corpus.domains[0], split, rng.randrange(2**31))
+            )
             prompts, answers, ntoks = [], [], []
             for _ in range(samples):
                 prefix, needle, question, answer = make_parts(rng)
@@ -106,33 +121,99 @@ def _retrieval(subject, out_dir: Path, name: str, make_parts, lengths, depths, s
             outs = greedy_generate(subject, prompts, max_new_tokens, stop=("\n",), batch_size=batch_size)
             hits = [answer_contained(o, a) for o, a in zip(outs, answers)]
             grid[str(L)][f"{d:g}"] = sum(hits) / len(hits)
-            cells.append({"length": L, "depth": d, "accuracy": grid[str(L)][f"{d:g}"], "mean_tokens": float(np.mean(ntoks)),
-                          "example": {"answer": answers[0], "output": outs[0]}})
-    per_len = {L: (np.mean([v for v in row.values() if v is not None]) if any(v is not None for v in row.values()) else None)
-               for L, row in grid.items()}
+            cells.append(
+                {
+                    "length": L,
+                    "depth": d,
+                    "accuracy": grid[str(L)][f"{d:g}"],
+                    "mean_tokens": float(np.mean(ntoks)),
+                    "example": {"answer": answers[0], "output": outs[0]},
+                }
+            )
+    per_len = {
+        L: (np.mean([v for v in row.values() if v is not None]) if any(v is not None for v in row.values()) else None) for L, row in grid.items()
+    }
     png = heatmap(grid, lengths, depths, f"{name} ({subject.name}, {haystack} haystack)", out_dir / f"eval_{name}.png")
-    return {"lengths": lengths, "depths": depths, "samples": samples, "seed": seed, "haystack": haystack,
-            "accuracy": grid, "accuracy_by_length": {k: (float(v) if v is not None else None) for k, v in per_len.items()},
-            "mean_accuracy": float(np.mean([c["accuracy"] for c in cells])) if cells else None,
-            "cells": cells, "skipped_lengths": skipped, "plot": png.name, "train_seq_len": subject.seq_len}
+    return {
+        "lengths": lengths,
+        "depths": depths,
+        "samples": samples,
+        "seed": seed,
+        "haystack": haystack,
+        "accuracy": grid,
+        "accuracy_by_length": {k: (float(v) if v is not None else None) for k, v in per_len.items()},
+        "mean_accuracy": float(np.mean([c["accuracy"] for c in cells])) if cells else None,
+        "cells": cells,
+        "skipped_lengths": skipped,
+        "plot": png.name,
+        "train_seq_len": subject.seq_len,
+    }
 
 
-def passkey_suite(subject, out_dir: Path, lengths=None, depths=(0.0, 0.25, 0.5, 0.75, 1.0), samples: int = 4,
-                  seed: int = 0, haystack: str = "noise", domain: str | None = None, split: str = "test",
-                  digits: int = 5, max_new_tokens: int = 10, batch_size: int = 8) -> dict:
+def passkey_suite(
+    subject,
+    out_dir: Path,
+    lengths=None,
+    depths=(0.0, 0.25, 0.5, 0.75, 1.0),
+    samples: int = 4,
+    seed: int = 0,
+    haystack: str = "noise",
+    domain: str | None = None,
+    split: str = "test",
+    digits: int = 5,
+    max_new_tokens: int = 10,
+    batch_size: int = 8,
+) -> dict:
     """Passkey retrieval over ``lengths`` (tokens; default half, one and two training contexts) x ``depths``."""
-    return _retrieval(subject, out_dir, "passkey", lambda r: passkey_parts(r, digits), lengths, depths, samples, seed,
-                      haystack, domain, split, max_new_tokens, batch_size)
+    return _retrieval(
+        subject,
+        out_dir,
+        "passkey",
+        lambda r: passkey_parts(r, digits),
+        lengths,
+        depths,
+        samples,
+        seed,
+        haystack,
+        domain,
+        split,
+        max_new_tokens,
+        batch_size,
+    )
 
 
-def niah_suite(subject, out_dir: Path, lengths=None, depths=(0.0, 0.25, 0.5, 0.75, 1.0), samples: int = 4,
-               seed: int = 0, value_kind: str = "number", haystack: str = "corpus", domain: str | None = None,
-               split: str = "test", max_new_tokens: int = 24, batch_size: int = 8) -> dict:
+def niah_suite(
+    subject,
+    out_dir: Path,
+    lengths=None,
+    depths=(0.0, 0.25, 0.5, 0.75, 1.0),
+    samples: int = 4,
+    seed: int = 0,
+    value_kind: str = "number",
+    haystack: str = "corpus",
+    domain: str | None = None,
+    split: str = "test",
+    max_new_tokens: int = 24,
+    batch_size: int = 8,
+) -> dict:
     """RULER single needle (value_kind number | word | uuid; haystack corpus text or noise)."""
     if haystack == "corpus" and subject.corpus is None:
         haystack = "noise"
-    res = _retrieval(subject, out_dir, "niah", lambda r: niah_parts(r, value_kind), lengths, depths, samples, seed,
-                     haystack, domain, split, max_new_tokens, batch_size)
+    res = _retrieval(
+        subject,
+        out_dir,
+        "niah",
+        lambda r: niah_parts(r, value_kind),
+        lengths,
+        depths,
+        samples,
+        seed,
+        haystack,
+        domain,
+        split,
+        max_new_tokens,
+        batch_size,
+    )
     return {"value_kind": value_kind, **res}
 
 
@@ -144,16 +225,25 @@ def position_losses(model, windows: torch.Tensor, batch_size: int = 4) -> torch.
     dev = next(model.parameters()).device
     total = torch.zeros(windows.shape[1] - 1, dtype=torch.float64)
     for s in range(0, len(windows), batch_size):
-        w = windows[s:s + batch_size].to(dev)
+        w = windows[s : s + batch_size].to(dev)
         loss, _ = model(w[:, :-1], targets=w[:, 1:], reduction="none")  # [B, T]
         total += loss.sum(0).double().cpu()
     model.train(was_training)
     return total / len(windows)
 
 
-def extrapolation_suite(subject, out_dir: Path, factor: float = 4.0, length: int | None = None, windows: int = 8,
-                        bucket: int | None = None, domains=None, split: str = "test", seed: int = 0,
-                        batch_size: int = 2) -> dict:
+def extrapolation_suite(
+    subject,
+    out_dir: Path,
+    factor: float = 4.0,
+    length: int | None = None,
+    windows: int = 8,
+    bucket: int | None = None,
+    domains=None,
+    split: str = "test",
+    seed: int = 0,
+    batch_size: int = 2,
+) -> dict:
     """Loss per position bucket on held-out windows of ``length`` tokens (default ``factor`` x the
     training context), per domain. Buckets default to a quarter of the training context."""
     from ..config_base import ConfigError
@@ -163,8 +253,7 @@ def extrapolation_suite(subject, out_dir: Path, factor: float = 4.0, length: int
     T = int(length or factor * subject.seq_len)
     limit = subject.max_positions()
     if limit is not None and T > limit:
-        raise ConfigError(f"extrapolation: this model learns absolute positions up to {limit} tokens; "
-                          f"it cannot read {T}-token windows")
+        raise ConfigError(f"extrapolation: this model learns absolute positions up to {limit} tokens; it cannot read {T}-token windows")
     bucket = int(bucket or max(1, subject.seq_len // 4))
     domains = list(domains or subject.corpus.domains)
     out: dict[str, dict] = {}
@@ -175,20 +264,27 @@ def extrapolation_suite(subject, out_dir: Path, factor: float = 4.0, length: int
             out[d] = {"error": f"{d}/{split} has {len(toks)} tokens, fewer than one {T + 1}-token window"}
             continue
         starts = sorted(np.random.default_rng([seed, len(toks)]).choice((len(toks) - 1) // (T + 1), size=n, replace=False))
-        w = torch.stack([torch.from_numpy(np.asarray(toks[s * (T + 1):(s + 1) * (T + 1)], dtype=np.int64)) for s in starts])
+        w = torch.stack([torch.from_numpy(np.asarray(toks[s * (T + 1) : (s + 1) * (T + 1)], dtype=np.int64)) for s in starts])
         per_pos = position_losses(subject.model, w, batch_size)
         edges = list(range(0, T, bucket))
-        losses = [float(per_pos[a:a + bucket].mean()) for a in edges]
-        inside = per_pos[:subject.seq_len].mean().item()
-        beyond = per_pos[subject.seq_len:].mean().item() if T > subject.seq_len else None
-        out[d] = {"bucket_start": edges, "loss": losses, "windows": n, "loss_within_train_len": inside,
-                  "loss_beyond_train_len": beyond}
+        losses = [float(per_pos[a : a + bucket].mean()) for a in edges]
+        inside = per_pos[: subject.seq_len].mean().item()
+        beyond = per_pos[subject.seq_len :].mean().item() if T > subject.seq_len else None
+        out[d] = {"bucket_start": edges, "loss": losses, "windows": n, "loss_within_train_len": inside, "loss_beyond_train_len": beyond}
     png = _plot_extrapolation(out, bucket, subject, out_dir / "eval_extrapolation.png")
     ok = [v for v in out.values() if "loss" in v]
     mean = lambda key: float(np.mean([v[key] for v in ok])) if ok and ok[0][key] is not None else None  # noqa: E731
-    return {"length": T, "train_seq_len": subject.seq_len, "bucket": bucket, "split": split, "seed": seed,
-            "mean_loss_within_train_len": mean("loss_within_train_len"),
-            "mean_loss_beyond_train_len": mean("loss_beyond_train_len"), "domains": out, "plot": png.name}
+    return {
+        "length": T,
+        "train_seq_len": subject.seq_len,
+        "bucket": bucket,
+        "split": split,
+        "seed": seed,
+        "mean_loss_within_train_len": mean("loss_within_train_len"),
+        "mean_loss_beyond_train_len": mean("loss_beyond_train_len"),
+        "domains": out,
+        "plot": png.name,
+    }
 
 
 def _plot_extrapolation(res: dict, bucket: int, subject, path: Path) -> Path:
@@ -210,4 +306,3 @@ def _plot_extrapolation(res: dict, bucket: int, subject, path: Path) -> Path:
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
-

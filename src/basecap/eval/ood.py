@@ -45,8 +45,17 @@ class DomainEvaluator:
     unigram baseline on the same windows (``data.baselines``), and ``strata``: the loss split by how often
     the target token occurs in the training domains' train split (``target_strata``, docs/metrics.md)."""
 
-    def __init__(self, corpus, domains: list[str], split: str, seq_len: int, batch_size: int, max_tokens: int,
-                 train_weights: dict[str, float] | None = None, seen_min_count: int = 10):
+    def __init__(
+        self,
+        corpus,
+        domains: list[str],
+        split: str,
+        seq_len: int,
+        batch_size: int,
+        max_tokens: int,
+        train_weights: dict[str, float] | None = None,
+        seen_min_count: int = 10,
+    ):
         from ..data.loader import eval_batches
 
         self.split = split
@@ -92,13 +101,20 @@ class DomainEvaluator:
             n = sum(y.numel() for _, y in batches)
             total = float(window_sums.sum())
             loss = total / n
-            out[d] = {"loss": loss, "bpb": total / math.log(2) / self.bytes[d], "tokens": n, "bytes": self.bytes[d],
-                      "window_losses": [round(v, 6) for v in (window_sums / (n // len(window_sums))).tolist()]}
+            out[d] = {
+                "loss": loss,
+                "bpb": total / math.log(2) / self.bytes[d],
+                "tokens": n,
+                "bytes": self.bytes[d],
+                "window_losses": [round(v, 6) for v in (window_sums / (n // len(window_sums))).tolist()],
+            }
             if d in self.unigram:
                 out[d]["unigram_loss"] = self.unigram[d]
             if self.strata is not None:
-                out[d]["strata"] = {name: {"loss": float(by_stratum[0][i]) / int(by_stratum[1][i]) if by_stratum[1][i] else None,
-                                           "tokens": int(by_stratum[1][i])} for i, name in enumerate(STRATA)}
+                out[d]["strata"] = {
+                    name: {"loss": float(by_stratum[0][i]) / int(by_stratum[1][i]) if by_stratum[1][i] else None, "tokens": int(by_stratum[1][i])}
+                    for i, name in enumerate(STRATA)
+                }
                 out[d]["seen_min_count"] = self.seen_min_count
         model.train(was_training)
         return out

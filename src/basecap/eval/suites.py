@@ -87,8 +87,14 @@ def config_subject(run_dir: str | Path) -> Subject:
     from .final import read_run
 
     info, cfg = read_run(run_dir)
-    return Subject(model=build_model(cfg.model, info["vocab_size"]), seq_len=cfg.data.seq_len, run_dir=Path(run_dir),
-                   config=cfg, name=cfg.run_id, info={"weights": "none: trained from the run's config"})
+    return Subject(
+        model=build_model(cfg.model, info["vocab_size"]),
+        seq_len=cfg.data.seq_len,
+        run_dir=Path(run_dir),
+        config=cfg,
+        name=cfg.run_id,
+        info={"weights": "none: trained from the run's config"},
+    )
 
 
 def _config_only(suite: str, options: dict) -> bool:
@@ -101,13 +107,23 @@ def load_subject(run_dir: str | Path, corpus=None, log=print) -> Subject:
     from .final import load_trained
 
     model, cfg, corpus, ckpt = load_trained(run_dir, corpus, log)
-    return Subject(model=model, tokenizer=corpus.tokenizer, eot_id=corpus.eot_id, corpus=corpus, seq_len=cfg.data.seq_len,
-                   run_dir=Path(run_dir), config=cfg, name=cfg.run_id, info={"checkpoint": Path(ckpt).name})
+    return Subject(
+        model=model,
+        tokenizer=corpus.tokenizer,
+        eot_id=corpus.eot_id,
+        corpus=corpus,
+        seq_len=cfg.data.seq_len,
+        run_dir=Path(run_dir),
+        config=cfg,
+        name=cfg.run_id,
+        info={"checkpoint": Path(ckpt).name},
+    )
 
 
 @torch.no_grad()
-def greedy_generate(subject: Subject, prompts: list[list[int]], max_new_tokens: int, stop: tuple[str, ...] = (),
-                    stop_at_eot: bool = True, batch_size: int = 8) -> list[str]:
+def greedy_generate(
+    subject: Subject, prompts: list[list[int]], max_new_tokens: int, stop: tuple[str, ...] = (), stop_at_eot: bool = True, batch_size: int = 8
+) -> list[str]:
     """Greedy continuations of token-id prompts, decoded and cut at the first stop string.
 
     Stateful decoding: prompts of equal length are prefilled together, then advanced one token
@@ -123,7 +139,7 @@ def greedy_generate(subject: Subject, prompts: list[list[int]], max_new_tokens: 
         if not p:
             raise ValueError("greedy_generate: empty prompt (prepend the end-of-text id)")
         by_len.setdefault(len(p), []).append(i)
-    batches = [v[s:s + batch_size] for v in by_len.values() for s in range(0, len(v), batch_size)]
+    batches = [v[s : s + batch_size] for v in by_len.values() for s in range(0, len(v), batch_size)]
     for idxs in batches:
         x = torch.tensor([prompts[i] for i in idxs], dtype=torch.long, device=dev)
         state = model.init_state(len(idxs), dev)
@@ -202,8 +218,6 @@ def run_suite(run_dir, suite: str, out_dir: str | Path | None = None, **options)
     t0 = time.time()
     subject = subject or (config_subject(run_dir) if _config_only(suite, options) else load_subject(run_dir))
     res = fn(subject, out_dir=out_dir, **options)
-    res = {"suite": suite, "model": subject.name, **subject.info, "seconds": round(time.time() - t0, 2),
-           "options": dict(options), **res}
+    res = {"suite": suite, "model": subject.name, **subject.info, "seconds": round(time.time() - t0, 2), "options": dict(options), **res}
     write_json(out_dir / suite_file(suite), res, default=str)
     return res
-

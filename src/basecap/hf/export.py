@@ -19,8 +19,9 @@ from .modeling import BasecapConfig, BasecapForCausalLM
 
 
 def export_tokenizer(tokenizer_path: str | Path, out_dir: str | Path, max_len: int) -> PreTrainedTokenizerFast:
-    tok = PreTrainedTokenizerFast(tokenizer_file=str(tokenizer_path), eos_token=EOT, pad_token=EOT,
-                                  model_max_length=max_len, clean_up_tokenization_spaces=False)
+    tok = PreTrainedTokenizerFast(
+        tokenizer_file=str(tokenizer_path), eos_token=EOT, pad_token=EOT, model_max_length=max_len, clean_up_tokenization_spaces=False
+    )
     if tok.eos_token_id is None or tok.convert_ids_to_tokens(tok.eos_token_id) != EOT:
         raise ValueError(f"tokenizer {tokenizer_path} has no {EOT!r} token")
     tok.save_pretrained(str(out_dir))
@@ -50,8 +51,13 @@ def export_run(run_dir: str | Path, out_dir: str | Path, corpus=None, log=print)
     hf.save_pretrained(str(out), max_shard_size="1000GB")  # one model.safetensors
     export_tokenizer(corpus.tokenizer_path, out, model.cfg.max_seq_len)
     run_info = RunDir(run_dir).read_info()
-    provenance = {"run_id": cfg.run_id, "checkpoint": ckpt.name, "corpus": corpus.dir.name,
-                  "trained_with_commit": run_info.get("git_commit"), "basecap_commit": environment_info(torch.device("cpu"))["git_commit"]}
+    provenance = {
+        "run_id": cfg.run_id,
+        "checkpoint": ckpt.name,
+        "corpus": corpus.dir.name,
+        "trained_with_commit": run_info.get("git_commit"),
+        "basecap_commit": environment_info(torch.device("cpu"))["git_commit"],
+    }
     atomic_write(out / "basecap_export.json", json.dumps(provenance, indent=1) + "\n")
     log(f"[{cfg.run_id}] exported {ckpt.name} to {out}")
     return out

@@ -86,12 +86,14 @@ CACHE_NAME = "cache" if "cache" in inspect.signature(GenerationMixin.prepare_inp
 
 
 if CACHE_NAME == "cache":
+
     @dataclass
     class BasecapCausalLMOutput(ModelOutput):
         loss: torch.FloatTensor | None = None
         logits: torch.FloatTensor | None = None
         cache: BasecapCache | None = None
 else:
+
     @dataclass
     class BasecapCausalLMOutput(ModelOutput):  # type: ignore[no-redef]  # the cache field's name depends on the version
         loss: torch.FloatTensor | None = None
@@ -105,8 +107,10 @@ def _check_padding(mask: torch.Tensor | None, caching: bool):
     if mask is None or bool(mask.all()):
         return
     if caching:
-        raise ValueError("basecap models do not support padded batches with a cache (generation): "
-                         "generate one prompt at a time (e.g. lm-eval --batch_size 1 for generation tasks)")
+        raise ValueError(
+            "basecap models do not support padded batches with a cache (generation): "
+            "generate one prompt at a time (e.g. lm-eval --batch_size 1 for generation tasks)"
+        )
     if mask.dim() != 2 or bool((mask[:, 1:] > mask[:, :-1]).any()):
         raise ValueError("basecap models support right padding only (attention_mask rows 1...1 0...0)")
 
@@ -134,9 +138,11 @@ class BasecapForCausalLM(PreTrainedModel, GenerationMixin):
         if bad:
             where = Path(str(args[0] if args else kwargs.get("pretrained_model_name_or_path", ""))) / "basecap_export.json"
             made = json.loads(where.read_text()).get("basecap_commit") if where.is_file() else None
-            raise ValueError(f"{args[0] if args else ''}: the exported weights do not match this basecap version's model "
-                             f"({'; '.join(f'{k}: {v[:6]}' for k, v in bad.items())}). Exported with basecap commit "
-                             f"{made or 'unknown'}: re-export the run with this version or use that one.")
+            raise ValueError(
+                f"{args[0] if args else ''}: the exported weights do not match this basecap version's model "
+                f"({'; '.join(f'{k}: {v[:6]}' for k, v in bad.items())}). Exported with basecap commit "
+                f"{made or 'unknown'}: re-export the run with this version or use that one."
+            )
         return (model, info) if want_info else model
 
     def _init_weights(self, module):
@@ -161,18 +167,27 @@ class BasecapForCausalLM(PreTrainedModel, GenerationMixin):
     def prepare_inputs_for_generation(self, input_ids, attention_mask=None, use_cache=None, **kwargs):
         cache = kwargs.get("cache") or kwargs.get("past_key_values")
         if cache is not None:
-            input_ids = input_ids[:, cache.get_seq_length():]  # the cache has consumed the rest
+            input_ids = input_ids[:, cache.get_seq_length() :]  # the cache has consumed the rest
         inputs = {"input_ids": input_ids, "attention_mask": attention_mask, "use_cache": use_cache}
         if cache is not None:
             inputs["cache"] = cache
         return inputs
 
-    def forward(self, input_ids: torch.LongTensor | None = None, attention_mask: torch.Tensor | None = None,
-                labels: torch.LongTensor | None = None, cache: BasecapCache | None = None,
-                past_key_values: BasecapCache | None = None, use_cache: bool | None = None,
-                return_dict: bool | None = None, position_ids: torch.LongTensor | None = None,
-                inputs_embeds: torch.Tensor | None = None, output_hidden_states: bool | None = None,
-                output_attentions: bool | None = None, **kwargs):
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        labels: torch.LongTensor | None = None,
+        cache: BasecapCache | None = None,
+        past_key_values: BasecapCache | None = None,
+        use_cache: bool | None = None,
+        return_dict: bool | None = None,
+        position_ids: torch.LongTensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        output_hidden_states: bool | None = None,
+        output_attentions: bool | None = None,
+        **kwargs,
+    ):
         """``labels`` are the input ids (shifted here, -100 ignored) as in every HF causal LM; their loss goes
         through the model's head loss (``head_impl``), and in training mode with labels ``logits`` is None
         (only the loss is computed). ``use_cache`` defaults to False outside ``generate`` (a plain scoring
@@ -191,8 +206,9 @@ class BasecapForCausalLM(PreTrainedModel, GenerationMixin):
         _check_padding(attention_mask, caching)
         B, T = input_ids.shape
         offset = cache.get_seq_length() if cache is not None else 0
-        if position_ids is not None and not torch.equal(position_ids.to(input_ids.device).expand(B, T),
-                                                        torch.arange(offset, offset + T, device=input_ids.device).expand(B, T)):
+        if position_ids is not None and not torch.equal(
+            position_ids.to(input_ids.device).expand(B, T), torch.arange(offset, offset + T, device=input_ids.device).expand(B, T)
+        ):
             raise ValueError("basecap models take consecutive positions only (no packed or shifted position_ids)")
 
         if caching:

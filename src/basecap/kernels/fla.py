@@ -57,8 +57,7 @@ def fla_import_error() -> str | None:
         return f"{type(e).__name__}: {e}"
     version = getattr(fla, "__version__", "unknown")
     if version != FLA_VERSION:
-        _log_once(f"flash-linear-attention {version} found; basecap's adapters were written against "
-                  f"{FLA_VERSION}", logging.WARNING)
+        _log_once(f"flash-linear-attention {version} found; basecap's adapters were written against {FLA_VERSION}", logging.WARNING)
     return None
 
 
@@ -73,18 +72,15 @@ def resolve_impl(name: str, impl: str, x: Tensor) -> str:
         return impl
     if x.device.type not in KERNEL_DEVICES:
         if impl == "fast":
-            raise ConfigError(f"{name}.impl: impl='fast' needs CUDA and flash-linear-attention; use 'chunked' on CPU "
-                              f"(got an input on {x.device})")
+            raise ConfigError(f"{name}.impl: impl='fast' needs CUDA and flash-linear-attention; use 'chunked' on CPU (got an input on {x.device})")
         return "chunked"
     err = fla_import_error()
     if err is None:
         _log_once(f"impl={impl!r} on {x.device.type}: linear-recurrent mixers run flash-linear-attention kernels ('fast')")
         return "fast"
     if impl == "fast":
-        raise ConfigError(f"{name}.impl: impl='fast' needs CUDA and flash-linear-attention "
-                          f"(pip install 'basecap[fast]'); fla does not import: {err}")
-    _log_once(f"impl='auto' on CUDA: flash-linear-attention does not import ({err}); using the chunked PyTorch forms",
-              logging.WARNING)
+        raise ConfigError(f"{name}.impl: impl='fast' needs CUDA and flash-linear-attention (pip install 'basecap[fast]'); fla does not import: {err}")
+    _log_once(f"impl='auto' on CUDA: flash-linear-attention does not import ({err}); using the chunked PyTorch forms", logging.WARNING)
     return "chunked"
 
 
@@ -113,6 +109,7 @@ def _state(S: Tensor | None) -> Tensor | None:
 
 # ---- Mamba-2 (SSD, one group) -> simple GLA ------------------------------------------------------------
 
+
 def ssd_inputs(X: Tensor, log_a: Tensor, Bm: Tensor, Cm: Tensor, h0: Tensor | None = None) -> dict:
     """``chunk_simple_gla`` arguments for ``ssd_chunked(X [B,T,H,P], log_a [B,T,H], Bm, Cm [B,T,N], h0 [B,H,P,N])``.
 
@@ -121,15 +118,18 @@ def ssd_inputs(X: Tensor, log_a: Tensor, Bm: Tensor, Cm: Tensor, h0: Tensor | No
     B, T, H, _ = X.shape
     N = Bm.shape[-1]
     dtype = compute_dtype(X)
-    return dict(q=Cm[:, :, None].expand(B, T, H, N).to(dtype).contiguous(),
-                k=Bm[:, :, None].expand(B, T, H, N).to(dtype).contiguous(),
-                v=X.to(dtype).contiguous(), g=log_a.float().contiguous(), scale=1.0,
-                initial_state=None if h0 is None else h0.float().transpose(-1, -2).contiguous(),
-                output_final_state=h0 is not None)
+    return dict(
+        q=Cm[:, :, None].expand(B, T, H, N).to(dtype).contiguous(),
+        k=Bm[:, :, None].expand(B, T, H, N).to(dtype).contiguous(),
+        v=X.to(dtype).contiguous(),
+        g=log_a.float().contiguous(),
+        scale=1.0,
+        initial_state=None if h0 is None else h0.float().transpose(-1, -2).contiguous(),
+        output_final_state=h0 is not None,
+    )
 
 
-def ssd(X: Tensor, log_a: Tensor, Bm: Tensor, Cm: Tensor, h0: Tensor | None = None, *,
-        op=None) -> tuple[Tensor, Tensor | None]:
+def ssd(X: Tensor, log_a: Tensor, Bm: Tensor, Cm: Tensor, h0: Tensor | None = None, *, op=None) -> tuple[Tensor, Tensor | None]:
     """Drop-in for ``ops.ssm.ssd_chunked``; the final state is returned only when ``h0`` is given.
     ``op``: the function called with fla's arguments (default fla's kernel; tests pass fla's reference)."""
     if op is None:
@@ -144,8 +144,8 @@ def ssd(X: Tensor, log_a: Tensor, Bm: Tensor, Cm: Tensor, h0: Tensor | None = No
 
 DELTA_MAX_HEAD_DIM = 256  # fla's chunk delta-rule state kernels (common/chunk_delta_h.py) assert K <= 256
 
-def delta_rule_inputs(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor | None = None,
-                      state: Tensor | None = None) -> dict:
+
+def delta_rule_inputs(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor | None = None, state: Tensor | None = None) -> dict:
     """``chunk_delta_rule`` (``g is None``) or ``chunk_gated_delta_rule`` arguments for
     ``delta_rule_chunked(q, k [B,H,T,K], v [B,H,T,V], beta, g [B,H,T], state [B,H,K,V])``.
 
@@ -154,18 +154,27 @@ def delta_rule_inputs(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor |
     run in 16-bit: fla's delta rule rejects fp32, and fla documents the gated one with bf16 q/k/v
     (the log decay g stays fp32, as in fla's GatedDeltaNet layer)."""
     if q.shape[-1] > DELTA_MAX_HEAD_DIM:
-        raise ConfigError(f"head_dim: impl='fast' (fla's chunk delta rule) supports head_dim <= {DELTA_MAX_HEAD_DIM}, "
-                          f"got {q.shape[-1]}; use impl='chunked'")
+        raise ConfigError(
+            f"head_dim: impl='fast' (fla's chunk delta rule) supports head_dim <= {DELTA_MAX_HEAD_DIM}, got {q.shape[-1]}; use impl='chunked'"
+        )
     dtype = compute_dtype(q, fp32_ok=False)
-    kw = dict(q=_btd(q, dtype), k=_btd(k, dtype), v=_btd(v, dtype), beta=beta.transpose(1, 2).to(dtype).contiguous(),
-              initial_state=_state(state), output_final_state=state is not None, use_qk_l2norm_in_kernel=False)
+    kw = dict(
+        q=_btd(q, dtype),
+        k=_btd(k, dtype),
+        v=_btd(v, dtype),
+        beta=beta.transpose(1, 2).to(dtype).contiguous(),
+        initial_state=_state(state),
+        output_final_state=state is not None,
+        use_qk_l2norm_in_kernel=False,
+    )
     if g is not None:
         kw["g"] = g.transpose(1, 2).float().contiguous()
     return kw
 
 
-def delta_rule(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor | None = None,
-               state: Tensor | None = None, *, op=None) -> tuple[Tensor, Tensor | None]:
+def delta_rule(
+    q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor | None = None, state: Tensor | None = None, *, op=None
+) -> tuple[Tensor, Tensor | None]:
     """Drop-in for ``ops.delta_rule.delta_rule_chunked`` (default scale); returns ``o [B,H,T,V]`` and
     the final state (only when ``state`` is given). ``op`` as in :func:`ssd`."""
     if op is None and g is None:
@@ -182,6 +191,7 @@ def delta_rule(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor | None =
 
 # ---- RWKV-6 ---------------------------------------------------------------------------------------
 
+
 def wkv6_inputs(r: Tensor, k: Tensor, v: Tensor, log_w: Tensor, u: Tensor, state: Tensor | None = None) -> dict:
     """``chunk_rwkv6`` arguments for ``wkv6_chunked(r, k, v, log_w [B,T,H,K], u [H,K], state [B,H,K,V])``.
 
@@ -189,13 +199,19 @@ def wkv6_inputs(r: Tensor, k: Tensor, v: Tensor, log_w: Tensor, u: Tensor, state
     is passed as is (fla's RWKV6 layer passes the fp32 parameter), and the scale must be 1 (fla's
     default is K^-1/2)."""
     dtype = compute_dtype(r)
-    return dict(r=r.to(dtype).contiguous(), k=k.to(dtype).contiguous(), v=v.to(dtype).contiguous(),
-                w=log_w.float().contiguous(), u=u, scale=1.0, initial_state=_state(state),
-                output_final_state=state is not None)
+    return dict(
+        r=r.to(dtype).contiguous(),
+        k=k.to(dtype).contiguous(),
+        v=v.to(dtype).contiguous(),
+        w=log_w.float().contiguous(),
+        u=u,
+        scale=1.0,
+        initial_state=_state(state),
+        output_final_state=state is not None,
+    )
 
 
-def wkv6(r: Tensor, k: Tensor, v: Tensor, log_w: Tensor, u: Tensor, state: Tensor | None = None, *,
-         op=None) -> tuple[Tensor, Tensor | None]:
+def wkv6(r: Tensor, k: Tensor, v: Tensor, log_w: Tensor, u: Tensor, state: Tensor | None = None, *, op=None) -> tuple[Tensor, Tensor | None]:
     """Drop-in for ``ops.wkv.wkv6_chunked``: ``y [B,T,H,V]`` and the final state (when ``state`` is
     given). ``op`` as in :func:`ssd`."""
     if op is None:
@@ -211,8 +227,7 @@ def wkv6(r: Tensor, k: Tensor, v: Tensor, log_w: Tensor, u: Tensor, state: Tenso
 RWKV7_LOG_W_MIN = -math.exp(-0.5)  # RWKV-7's log decay lies in [-e^-1/2, 0)
 
 
-def wkv7_inputs(r: Tensor, log_w: Tensor, k: Tensor, v: Tensor, a: Tensor, b: Tensor,
-                state: Tensor | None = None) -> dict:
+def wkv7_inputs(r: Tensor, log_w: Tensor, k: Tensor, v: Tensor, a: Tensor, b: Tensor, state: Tensor | None = None) -> dict:
     """``chunk_rwkv7`` arguments for ``wkv7_chunked(r, log_w, k, v, a, b [B,T,H,K], state [B,H,K,V])``.
 
     The same generalised delta rule S_t = diag(w_t) S + b_t (a_t^T S) + k_t v_t^T, y_t = r_t^T S_t,
@@ -220,14 +235,24 @@ def wkv7_inputs(r: Tensor, log_w: Tensor, k: Tensor, v: Tensor, a: Tensor, b: Te
     inputs (the DPLR op warns on fp32) and the decay bound ``lower_bound = -e^-1/2`` that licenses its
     tensor-core path; fla then picks chunk size 64 (16 on Triton < 3.4)."""
     dtype = compute_dtype(r, fp32_ok=False)
-    return dict(r=r.to(dtype).contiguous(), w=log_w.float().contiguous(), k=k.to(dtype).contiguous(),
-                v=v.to(dtype).contiguous(), a=a.to(dtype).contiguous(), b=b.to(dtype).contiguous(), scale=1.0,
-                initial_state=_state(state), output_final_state=state is not None, safe_gate=True,
-                lower_bound=RWKV7_LOG_W_MIN)
+    return dict(
+        r=r.to(dtype).contiguous(),
+        w=log_w.float().contiguous(),
+        k=k.to(dtype).contiguous(),
+        v=v.to(dtype).contiguous(),
+        a=a.to(dtype).contiguous(),
+        b=b.to(dtype).contiguous(),
+        scale=1.0,
+        initial_state=_state(state),
+        output_final_state=state is not None,
+        safe_gate=True,
+        lower_bound=RWKV7_LOG_W_MIN,
+    )
 
 
-def wkv7(r: Tensor, log_w: Tensor, k: Tensor, v: Tensor, a: Tensor, b: Tensor, state: Tensor | None = None, *,
-         op=None) -> tuple[Tensor, Tensor | None]:
+def wkv7(
+    r: Tensor, log_w: Tensor, k: Tensor, v: Tensor, a: Tensor, b: Tensor, state: Tensor | None = None, *, op=None
+) -> tuple[Tensor, Tensor | None]:
     """Drop-in for ``ops.wkv.wkv7_chunked``: ``y [B,T,H,V]`` and the final state (when ``state`` is
     given). ``op`` as in :func:`ssd`."""
     if op is None:
@@ -251,8 +276,9 @@ def based_inputs(q: Tensor, k: Tensor, v: Tensor) -> dict:
     the normaliser is >= 1/2 per key, so the difference is below 1e-6 relative)."""
     d = q.shape[-1]
     if d > BASED_MAX_FEATURE_DIM:
-        raise ConfigError(f"based.feature_dim: impl='fast' (fla parallel_based) supports feature_dim <= "
-                          f"{BASED_MAX_FEATURE_DIM}, got {d}; use impl='chunked'")
+        raise ConfigError(
+            f"based.feature_dim: impl='fast' (fla parallel_based) supports feature_dim <= {BASED_MAX_FEATURE_DIM}, got {d}; use impl='chunked'"
+        )
     dtype = compute_dtype(q)
     return dict(q=_btd(q, dtype), k=_btd(k, dtype), v=_btd(v, dtype), scale=d**-0.5, use_norm=True)
 

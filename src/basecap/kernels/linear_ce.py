@@ -30,16 +30,23 @@ def resolve_head_impl(impl: str, hidden: torch.Tensor, reduction: str = "mean") 
         return impl
     if reduction == "none" or not torch.is_grad_enabled():
         if impl == "fast" and reduction == "none":
-            raise ConfigError("head impl='fast': fla's fused linear cross-entropy returns only a reduced loss; "
-                              "use 'chunked' for per-token losses")
+            raise ConfigError("head impl='fast': fla's fused linear cross-entropy returns only a reduced loss; use 'chunked' for per-token losses")
         return "chunked"
     from .fla import resolve_impl  # imports fla (Triton) only for a CUDA input
 
     return resolve_impl("head", impl, hidden)
 
 
-def lm_head_loss(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, *, impl: str = "auto",
-                 chunk_tokens: int | None = None, ignore_index: int = -100, reduction: str = "mean") -> torch.Tensor:
+def lm_head_loss(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    targets: torch.Tensor,
+    *,
+    impl: str = "auto",
+    chunk_tokens: int | None = None,
+    ignore_index: int = -100,
+    reduction: str = "mean",
+) -> torch.Tensor:
     """Cross-entropy of ``hidden @ weight.T`` against ``targets`` (hidden [..., D], weight [V, D], targets [...])
     without materialising the logits (see :func:`basecap.ops.linear_ce.linear_cross_entropy`), or with
     ``impl="plain"`` the whole [..., V] logits and ``F.cross_entropy``, the reference and the "before" of
@@ -52,9 +59,7 @@ def lm_head_loss(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tens
         loss = F.cross_entropy(logits, targets.reshape(-1), ignore_index=ignore_index, reduction=reduction)
         return loss.view(targets.shape) if reduction == "none" else loss
     if impl == "chunked":
-        return linear_cross_entropy(hidden, weight, targets, chunk_tokens=chunk_tokens,
-                                    ignore_index=ignore_index, reduction=reduction)
+        return linear_cross_entropy(hidden, weight, targets, chunk_tokens=chunk_tokens, ignore_index=ignore_index, reduction=reduction)
     from fla.modules.fused_linear_cross_entropy import fused_linear_cross_entropy_loss
 
-    return fused_linear_cross_entropy_loss(hidden.reshape(-1, D), targets.reshape(-1), weight,
-                                           ignore_index=ignore_index, reduction=reduction)
+    return fused_linear_cross_entropy_loss(hidden.reshape(-1, D), targets.reshape(-1), weight, ignore_index=ignore_index, reduction=reduction)

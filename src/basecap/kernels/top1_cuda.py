@@ -58,8 +58,7 @@ def tile_backend(device: torch.device) -> str:
     if err is None:
         _log_once("Top-1 Chunk fast path: in-chunk attention on the Triton tile kernel")
         return "triton"
-    _log_once(f"Top-1 Chunk fast path: Triton does not import ({err}); in-chunk attention on gather + SDPA",
-              logging.WARNING)
+    _log_once(f"Top-1 Chunk fast path: Triton does not import ({err}); in-chunk attention on gather + SDPA", logging.WARNING)
     return "sdpa"
 
 
@@ -89,8 +88,9 @@ def resolve_impl(name: str, impl: str, x: torch.Tensor) -> str:
     return "fast"
 
 
-def sdpa_tile_attention(qt: torch.Tensor, kt: torch.Tensor, vt: torch.Tensor, mask: torch.Tensor, scale: float,
-                        need_lse: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+def sdpa_tile_attention(
+    qt: torch.Tensor, kt: torch.Tensor, vt: torch.Tensor, mask: torch.Tensor, scale: float, need_lse: bool
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Same contract as ``ops.top1.tile.tile_attention``: ``qt [N, Q, D]``, ``kt, vt [N, C, D]``, ``mask [N, Q, C]``.
     SDPA does not return the logsumexp, so when it is needed (Exact's selector gradient, the forced
     own chunk) it is computed by one extra batched matmul."""

@@ -29,9 +29,33 @@ NO_ROW = -1
 
 
 @triton.jit
-def _tile_fwd(Q, K, V, O, LSE, ROW, ITEM, POS, GROUP, scale, Tk, n_chunks, H,  # noqa: E741 - the kernel's pointer names (Q, K, V, O)
-              sk_b, sk_h, sk_t, sv_b, sv_h, sv_t,
-              C: tl.constexpr, D: tl.constexpr, BQ: tl.constexpr, BK: tl.constexpr, BD: tl.constexpr, PREC: tl.constexpr):
+def _tile_fwd(
+    Q,
+    K,
+    V,
+    O,  # noqa: E741 - the kernel's pointer names (Q, K, V, O)
+    LSE,
+    ROW,
+    ITEM,
+    POS,
+    GROUP,
+    scale,
+    Tk,
+    n_chunks,
+    H,
+    sk_b,
+    sk_h,
+    sk_t,
+    sv_b,
+    sv_h,
+    sv_t,
+    C: tl.constexpr,
+    D: tl.constexpr,
+    BQ: tl.constexpr,
+    BK: tl.constexpr,
+    BD: tl.constexpr,
+    PREC: tl.constexpr,
+):
     tile = tl.program_id(0)
     group = tl.load(GROUP + tile).to(tl.int64)
     bh = group // n_chunks
@@ -70,9 +94,37 @@ def _tile_fwd(Q, K, V, O, LSE, ROW, ITEM, POS, GROUP, scale, Tk, n_chunks, H,  #
 
 
 @triton.jit
-def _tile_bwd(Q, K, V, DO, LSE, DELTA, DQ, DK, DV, ROW, ITEM, POS, GROUP, scale, Tk, n_chunks, H,
-              sk_b, sk_h, sk_t, sv_b, sv_h, sv_t,
-              C: tl.constexpr, D: tl.constexpr, BQ: tl.constexpr, BK: tl.constexpr, BD: tl.constexpr, PREC: tl.constexpr):
+def _tile_bwd(
+    Q,
+    K,
+    V,
+    DO,
+    LSE,
+    DELTA,
+    DQ,
+    DK,
+    DV,
+    ROW,
+    ITEM,
+    POS,
+    GROUP,
+    scale,
+    Tk,
+    n_chunks,
+    H,
+    sk_b,
+    sk_h,
+    sk_t,
+    sv_b,
+    sv_h,
+    sv_t,
+    C: tl.constexpr,
+    D: tl.constexpr,
+    BQ: tl.constexpr,
+    BK: tl.constexpr,
+    BD: tl.constexpr,
+    PREC: tl.constexpr,
+):
     tile = tl.program_id(0)
     group = tl.load(GROUP + tile).to(tl.int64)
     bh = group // n_chunks
@@ -185,12 +237,10 @@ class TritonTileAttention(torch.autograd.Function):
         n_tiles = layout.tile_group.numel()
         if n_tiles:
             args, meta = _launch_args(k, v, layout, ctx.scale)
-            _tile_bwd[(n_tiles,)](q_rows, k, v, do, lse, delta.contiguous(), dq, dk, dv, row, item, pos,
-                                  layout.tile_group, *args, **meta)
+            _tile_bwd[(n_tiles,)](q_rows, k, v, do, lse, delta.contiguous(), dq, dk, dv, row, item, pos, layout.tile_group, *args, **meta)
         dgate = dot.to(q_rows.dtype) if ctx.has_gate else None
         dk_dtype, dv_dtype = ctx.kv_dtypes
-        return (dq, dk.view(B, H, Tk, D).to(dk_dtype), dv.view(B, H, Tk, D).to(dv_dtype), dgate,
-                None, None, None, None)
+        return (dq, dk.view(B, H, Tk, D).to(dk_dtype), dv.view(B, H, Tk, D).to(dv_dtype), dgate, None, None, None, None)
 
 
 def tile_attention_rows(q_rows, k, v, gate, q_pos, layout, scale, index):

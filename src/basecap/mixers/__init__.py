@@ -92,6 +92,15 @@ def build_mixer(cfg: MixerConfig, d_model: int, layer_idx: int = 0, max_seq_len:
 
 
 __all__ = [
-    "Mixer", "MixerConfig", "State", "state_bytes", "mixer_names", "mlp_names", "mixer_class",
-    "mlp_class", "parse_mixer_config", "parse_mlp_config", "build_mixer",
+    "Mixer",
+    "MixerConfig",
+    "State",
+    "state_bytes",
+    "mixer_names",
+    "mlp_names",
+    "mixer_class",
+    "mlp_class",
+    "parse_mixer_config",
+    "parse_mlp_config",
+    "build_mixer",
 ]

@@ -63,10 +63,18 @@ class Attention(Mixer):
     cfg: AttentionConfig
     slopes: torch.Tensor  # ALiBi's buffer (position "alibi" only)
     impls = ("ref", "fast")
-    test_variants = [{"head_dim": 8, **switches} for switches in (
-        {}, {"position": "absolute"}, {"position": "none", "temperature": 0.5}, {"position": "alibi"}, {"window": 5},
-        {"window": 7, "position": "alibi"}, {"position": "none", "score": "random_constant"},
-    )]
+    test_variants = [
+        {"head_dim": 8, **switches}
+        for switches in (
+            {},
+            {"position": "absolute"},
+            {"position": "none", "temperature": 0.5},
+            {"position": "alibi"},
+            {"window": 5},
+            {"window": 7, "position": "alibi"},
+            {"position": "none", "score": "random_constant"},
+        )
+    ]
 
     def __init__(self, d_model: int, cfg: AttentionConfig, layer_idx: int = 0, max_seq_len: int = 2048):
         super().__init__(d_model, cfg, layer_idx, max_seq_len)
@@ -136,8 +144,8 @@ class Attention(Mixer):
         def pad(x, front, back):
             return F.pad(x, (0, 0, front, back))
 
-        kb = pad(k[:, :, Tk - have:], lead, tail).unfold(2, L, W).transpose(-1, -2)  # [B, H, n, L, D]
-        vb = pad(v[:, :, Tk - have:], lead, tail).unfold(2, L, W).transpose(-1, -2)
+        kb = pad(k[:, :, Tk - have :], lead, tail).unfold(2, L, W).transpose(-1, -2)  # [B, H, n, L, D]
+        vb = pad(v[:, :, Tk - have :], lead, tail).unfold(2, L, W).transpose(-1, -2)
         qb = pad(q, 0, tail).view(B, H, n, W, D)
         i = torch.arange(W, device=q.device)[:, None]
         j = torch.arange(L, device=q.device)[None, :]

@@ -157,6 +157,7 @@ class Based(Mixer):
             o, kv, z = taylor_attn_recurrent(q, k, v, kv0, z0, self.cfg.eps)
         elif impl == "fast" and state is None:
             from ..kernels.fla import based_linear
+
             o = based_linear(q, k, v)
         else:
             v1 = torch.cat([v, torch.ones_like(v[..., :1])], dim=-1)  # last column -> normaliser
@@ -180,7 +181,7 @@ class Based(Mixer):
             k_all = k if k_prev is None else torch.cat([k_prev, k], dim=2)
             v_all = v if v_prev is None else torch.cat([v_prev, v], dim=2)
             keep = min(W - 1, k_all.shape[2])  # the next query sees itself plus W - 1 older keys
-            new_state["k"], new_state["v"] = k_all[:, :, k_all.shape[2] - keep:], v_all[:, :, v_all.shape[2] - keep:]
+            new_state["k"], new_state["v"] = k_all[:, :, k_all.shape[2] - keep :], v_all[:, :, v_all.shape[2] - keep :]
         return o.transpose(1, 2).reshape(B, T, H * D)
 
     # ---- contract ----------------------------------------------------------------------------

@@ -60,9 +60,15 @@ class Mamba1(Mixer):
     cfg: Mamba1Config
     impls = ("ref", "chunked")
     # every switch value once; short_conv=false on the no-decay variant, as the paper ablates it
-    test_variants = [{"d_state": 4, **switches} for switches in (
-        {}, {"decay": "shared"}, {"decay": "none"}, {"decay": "none", "short_conv": False},
-    )]
+    test_variants = [
+        {"d_state": 4, **switches}
+        for switches in (
+            {},
+            {"decay": "shared"},
+            {"decay": "none"},
+            {"decay": "none", "short_conv": False},
+        )
+    ]
 
     def __init__(self, d_model: int, cfg: Mamba1Config, layer_idx: int = 0, max_seq_len: int = 2048):
         super().__init__(d_model, cfg, layer_idx, max_seq_len)

@@ -68,9 +68,15 @@ class Mamba2(Mixer):
     impls = ("ref", "chunked")
     # every switch value once (out_norm=false with the shared decay); short_conv=false on the no-decay
     # variant, as the paper ablates it
-    test_variants = [{"head_dim": 16, "d_state": 8, **switches} for switches in (
-        {}, {"decay": "shared", "out_norm": False}, {"decay": "none"}, {"decay": "none", "short_conv": False},
-    )]
+    test_variants = [
+        {"head_dim": 16, "d_state": 8, **switches}
+        for switches in (
+            {},
+            {"decay": "shared", "out_norm": False},
+            {"decay": "none"},
+            {"decay": "none", "short_conv": False},
+        )
+    ]
     fast_kernels = "fla"
 
     def __init__(self, d_model: int, cfg: Mamba2Config, layer_idx: int = 0, max_seq_len: int = 2048):
@@ -110,6 +116,7 @@ class Mamba2(Mixer):
             y, h = ssd_ref(X, log_a, Bm, Cm, h0)
         elif impl == "fast":
             from ..kernels.fla import ssd
+
             y, h = ssd(X, log_a, Bm, Cm, h0)
         else:
             y, h = ssd_chunked(X, log_a, Bm, Cm, h0, chunk_size=cfg.chunk_size)

@@ -26,8 +26,18 @@ from torch import nn
 from ..ops.wkv import token_shift
 from .base import Mixer, State
 from .kit.recurrent import keep_init
-from .kit.rwkv import (RWKVConfig, RWKVTimeMixing, depth_ramps, head_norm, norm_heads, run_wkv6, rwkv_projections,
-                       wkv6_flops, wkv_state_in, wkv_state_out)
+from .kit.rwkv import (
+    RWKVConfig,
+    RWKVTimeMixing,
+    depth_ramps,
+    head_norm,
+    norm_heads,
+    run_wkv6,
+    rwkv_projections,
+    wkv6_flops,
+    wkv_state_in,
+    wkv_state_out,
+)
 
 
 class RWKV5Config(RWKVConfig):

@@ -27,8 +27,18 @@ from torch import nn
 from ..ops.wkv import token_shift
 from .base import Mixer, State
 from .kit.recurrent import keep_init
-from .kit.rwkv import (RWKVConfig, RWKVTimeMixing, depth_ramps, head_norm, norm_heads, run_wkv6, rwkv_projections,
-                       wkv6_flops, wkv_state_in, wkv_state_out)
+from .kit.rwkv import (
+    RWKVConfig,
+    RWKVTimeMixing,
+    depth_ramps,
+    head_norm,
+    norm_heads,
+    run_wkv6,
+    rwkv_projections,
+    wkv6_flops,
+    wkv_state_in,
+    wkv_state_out,
+)
 
 
 class RWKV6Config(RWKVConfig):
@@ -55,13 +65,17 @@ class RWKV6(RWKVTimeMixing, Mixer):
         n = torch.arange(D) / max(D - 1, 1)
         # mixes in the order of the LoRA outputs: w, k, v, r, g
         self.mix_x = nn.Parameter(1.0 - ddd**ratio_1_to_almost0)
-        self.mix = nn.Parameter(torch.stack([
-            1.0 - ddd**ratio_1_to_almost0,
-            1.0 - ddd**ratio_1_to_almost0,
-            1.0 - (ddd**ratio_1_to_almost0 + 0.3 * ratio_0_to_1),
-            1.0 - ddd ** (0.5 * ratio_1_to_almost0),
-            1.0 - ddd ** (0.5 * ratio_1_to_almost0),
-        ]))  # [5, D]
+        self.mix = nn.Parameter(
+            torch.stack(
+                [
+                    1.0 - ddd**ratio_1_to_almost0,
+                    1.0 - ddd**ratio_1_to_almost0,
+                    1.0 - (ddd**ratio_1_to_almost0 + 0.3 * ratio_0_to_1),
+                    1.0 - ddd ** (0.5 * ratio_1_to_almost0),
+                    1.0 - ddd ** (0.5 * ratio_1_to_almost0),
+                ]
+            )
+        )  # [5, D]
         self.mix_lora_a = nn.Parameter(torch.zeros(D, 5 * R))
         self.mix_lora_b = nn.Parameter(torch.empty(5, R, D).uniform_(-0.01, 0.01))
         self.time_decay = nn.Parameter(-6 + 5 * n ** (0.7 + 1.3 * ratio_0_to_1))
@@ -72,8 +86,7 @@ class RWKV6(RWKVTimeMixing, Mixer):
 
         self.r_proj, self.k_proj, self.v_proj, self.g_proj, self.o_proj = rwkv_projections(D, 5, (1.0, 0.1, 1.0, 0.1))
         self.ln_x = head_norm(H, D, 1e-5 * cfg.head_size_divisor**2, layer_idx, cfg.init_n_layers)
-        keep_init(self.mix_x, self.mix, self.mix_lora_a, self.mix_lora_b, self.time_decay, self.decay_lora_a,
-                  self.decay_lora_b, self.bonus)
+        keep_init(self.mix_x, self.mix, self.mix_lora_a, self.mix_lora_b, self.time_decay, self.decay_lora_a, self.decay_lora_b, self.bonus)
 
     def forward(self, x: torch.Tensor, state: State | None = None):
         B, T, D = x.shape

@@ -32,8 +32,7 @@ from torch import nn
 from ..ops.wkv import orthogonal_init_, token_shift
 from .base import Mixer, State
 from .kit.recurrent import keep_init
-from .kit.rwkv import (RWKVConfig, RWKVTimeMixing, depth_ramps, head_norm, norm_heads, run_wkv7, rwkv_projections,
-                       wkv_state_in, wkv_state_out)
+from .kit.rwkv import RWKVConfig, RWKVTimeMixing, depth_ramps, head_norm, norm_heads, run_wkv7, rwkv_projections, wkv_state_in, wkv_state_out
 
 
 def _lora_rank(d_model: int, factor: float) -> int:

@@ -29,8 +29,18 @@ from typing import Any, Literal
 import torch
 from pydantic import Field
 
-from ..ops.top1 import (SEL_DTYPE, ChunkSettings, approx_attention, approx_select, attend_selected, candidate_lse,
-                        chunk_ref, exact_select, merge_softmax, st_gate)
+from ..ops.top1 import (
+    SEL_DTYPE,
+    ChunkSettings,
+    approx_attention,
+    approx_select,
+    attend_selected,
+    candidate_lse,
+    chunk_ref,
+    exact_select,
+    merge_softmax,
+    st_gate,
+)
 from .base import State
 from .kit.selection import SelectionConfig, SelectionMixer
 
@@ -41,18 +51,26 @@ class Top1ChunkConfig(SelectionConfig):
     chunk_len: int = Field(128, gt=0, description="C: positions per selectable chunk (paper: 128)")
     own_chunk: Literal["candidate", "always"] = "candidate"
     selector_grad: Literal["straight_through", "none"] = "straight_through"
-    chunk_size: int = Field(32, gt=0, description="queries per tile of the chunked/fast forms (rows of Exact's selection blocks: 4x); results do not depend on it")
+    chunk_size: int = Field(
+        32, gt=0, description="queries per tile of the chunked/fast forms (rows of Exact's selection blocks: 4x); results do not depend on it"
+    )
 
 
 class Top1Chunk(SelectionMixer):
     config_class = Top1ChunkConfig
     cfg: Top1ChunkConfig
     impls = ("ref", "chunked")
-    test_variants = [{"head_dim": 8, "chunk_len": 8, **switches} for switches in (
-        {}, {"selection": "approx"}, {"own_chunk": "always"}, {"selection": "approx", "own_chunk": "always"},
-        {"chunk_len": 5, "selector_grad": "none"},
-        {"chunk_len": 6, "selection": "approx", "position": "none", "temperature": 0.5},
-    )]
+    test_variants = [
+        {"head_dim": 8, "chunk_len": 8, **switches}
+        for switches in (
+            {},
+            {"selection": "approx"},
+            {"own_chunk": "always"},
+            {"selection": "approx", "own_chunk": "always"},
+            {"chunk_len": 5, "selector_grad": "none"},
+            {"chunk_len": 6, "selection": "approx", "position": "none", "temperature": 0.5},
+        )
+    ]
 
     def _settings(self, impl: str, device: torch.device) -> ChunkSettings:
         cfg = self.cfg
@@ -61,14 +79,14 @@ class Top1Chunk(SelectionMixer):
             from ..kernels.top1_cuda import tile_settings
 
             tiles = tile_settings(cfg.chunk_size, device)
-        return ChunkSettings(self.scale, cfg.chunk_len, cfg.own_chunk,
-                             select_rows=self._block_rows(impl, 4 * cfg.chunk_size), **tiles)
+        return ChunkSettings(self.scale, cfg.chunk_len, cfg.own_chunk, select_rows=self._block_rows(impl, 4 * cfg.chunk_size), **tiles)
 
     def _mix(self, q, k, v, q_pos, impl, state, new_state):
         cfg = self.cfg
         if impl == "ref":
-            return chunk_ref(q, k, v, q_pos, self.scale, cfg.chunk_len, selection=cfg.selection,
-                             own_chunk=cfg.own_chunk, selector_grad=cfg.selector_grad)
+            return chunk_ref(
+                q, k, v, q_pos, self.scale, cfg.chunk_len, selection=cfg.selection, own_chunk=cfg.own_chunk, selector_grad=cfg.selector_grad
+            )
         s = self._settings(impl, q.device)
         own, approx = cfg.own_chunk, cfg.selection == "approx"
         gate = cfg.selector_grad == "straight_through" and torch.is_grad_enabled()

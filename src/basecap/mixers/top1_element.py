@@ -31,9 +31,14 @@ class Top1Element(SelectionMixer):
     config_class = Top1ElementConfig
     cfg: Top1ElementConfig
     impls = ("ref", "chunked")
-    test_variants = [{"head_dim": 8, **switches} for switches in (
-        {}, {"estimator": "prob_ratio"}, {"position": "none", "temperature": 0.5},
-    )]
+    test_variants = [
+        {"head_dim": 8, **switches}
+        for switches in (
+            {},
+            {"estimator": "prob_ratio"},
+            {"position": "none", "temperature": 0.5},
+        )
+    ]
 
     def _mix(self, q, k, v, q_pos, impl, state, new_state):
         if impl == "ref":

@@ -85,8 +85,14 @@ def delta_rule_chunked(q, k, v, beta, g=None, scale: float | None = None, state=
 
     S = q.new_zeros(B, H, K, V) if state is None else state.to(q.dtype)
     # unbind once: indexing chunk n inside the loop would cost a full-size gradient buffer per chunk
-    per_chunk = zip(u_free.unbind(2), w.unbind(2), q_s.unbind(2), P.unbind(2), k_to_end.transpose(-1, -2).unbind(2),
-                    [None] * N if chunk_decay is None else chunk_decay.unbind(2))
+    per_chunk = zip(
+        u_free.unbind(2),
+        w.unbind(2),
+        q_s.unbind(2),
+        P.unbind(2),
+        k_to_end.transpose(-1, -2).unbind(2),
+        [None] * N if chunk_decay is None else chunk_decay.unbind(2),
+    )
     outs = []
     for u_n, w_n, q_n, P_n, kT_n, dec_n in per_chunk:
         u = u_n - w_n @ S  # [B, H, C, V]

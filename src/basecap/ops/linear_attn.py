@@ -82,8 +82,9 @@ class _InterChunk(torch.autograd.Function):
         for g in _groups(N, C):
             k_g, v_g, q_g = k[:, :, g], v[:, :, g], q[:, :, g]
             xk = k_g * sq
-            kv = _pack(v_g.sum(-2), (k_g * lin).transpose(-1, -2) @ v_g,
-                       xk.transpose(-1, -2) @ (xk[..., :, None] * v_g[..., None, :]).flatten(-2))  # [B, H, G, F, V]
+            kv = _pack(
+                v_g.sum(-2), (k_g * lin).transpose(-1, -2) @ v_g, xk.transpose(-1, -2) @ (xk[..., :, None] * v_g[..., None, :]).flatten(-2)
+            )  # [B, H, G, F, V]
             before = S[:, :, None] + (kv.cumsum(2) - kv)
             b0, b1, b2 = _split(before, d)
             out[:, :, g] = b0[..., None, :] + (q_g * lin) @ b1 + _quad(q_g * sq, b2)
@@ -106,8 +107,7 @@ class _InterChunk(torch.autograd.Function):
             b0, b1, b2 = _split(states[:, :, g], d)
             dq[:, :, g] = (d_o @ b1.transpose(-1, -2)) * lin + _quad_grad(xq, b2, d_o) * sq
             # each chunk's pull on the state it read, then dL/dS_{n+1} for every chunk n of the group
-            E = _pack(d_o.sum(-2), (q_g * lin).transpose(-1, -2) @ d_o,
-                      xq.transpose(-1, -2) @ (xq[..., :, None] * d_o[..., None, :]).flatten(-2))
+            E = _pack(d_o.sum(-2), (q_g * lin).transpose(-1, -2) @ d_o, xq.transpose(-1, -2) @ (xq[..., :, None] * d_o[..., None, :]).flatten(-2))
             total = E.sum(2)
             g0, g1, g2 = _split(G_end[:, :, None] + (total[:, :, None] - E.cumsum(2)), d)
             dv[:, :, g] = g0[..., None, :] + (k_g * lin) @ g1 + _quad(xk, g2)

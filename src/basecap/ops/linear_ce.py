@@ -156,12 +156,12 @@ class _LinearCrossEntropyPerToken(torch.autograd.Function):
                 torch.mm(g, w, out=gh[s:e])
             if gw is not None:
                 gw.addmm_(g.t(), h)
-        return (gh.to(out_dtypes[0]) if gh is not None else None, gw.to(out_dtypes[1]) if gw is not None else None,
-                None, None, None)
+        return (gh.to(out_dtypes[0]) if gh is not None else None, gw.to(out_dtypes[1]) if gw is not None else None, None, None, None)
 
 
-def linear_cross_entropy(hidden: Tensor, weight: Tensor, targets: Tensor, *, chunk_tokens: int | None = None,
-                         ignore_index: int = -100, reduction: str = "mean") -> Tensor:
+def linear_cross_entropy(
+    hidden: Tensor, weight: Tensor, targets: Tensor, *, chunk_tokens: int | None = None, ignore_index: int = -100, reduction: str = "mean"
+) -> Tensor:
     """``F.cross_entropy(hidden @ weight.T, targets)`` without materialising the logits.
 
     hidden [..., D], weight [V, D] (an ``nn.Linear`` head's or a tied embedding's), targets [...] (int).

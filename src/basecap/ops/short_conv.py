@@ -21,9 +21,9 @@ class _ShiftConv(torch.autograd.Function):
     def forward(ctx, xp: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         K = w.shape[1]
         T = xp.shape[1] - (K - 1)
-        y = xp[:, K - 1:] * w[:, K - 1]
+        y = xp[:, K - 1 :] * w[:, K - 1]
         for j in range(K - 1):
-            y.addcmul_(xp[:, j:j + T], w[:, j])
+            y.addcmul_(xp[:, j : j + T], w[:, j])
         ctx.save_for_backward(xp, w)
         return y
 
@@ -34,8 +34,8 @@ class _ShiftConv(torch.autograd.Function):
         dxp = torch.zeros_like(xp)
         dw = torch.empty_like(w)
         for j in range(K):
-            dxp[:, j:j + T].addcmul_(dy, w[:, j])
-            dw[:, j] = (dy * xp[:, j:j + T]).sum((0, 1))
+            dxp[:, j : j + T].addcmul_(dy, w[:, j])
+            dw[:, j] = (dy * xp[:, j : j + T]).sum((0, 1))
         return dxp, dw
 
 

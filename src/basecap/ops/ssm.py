@@ -25,6 +25,7 @@ from functools import lru_cache
 
 import torch
 
+
 def selective_scan_ref(w, Bm, Cm, g, A, h0=None):
     """Mamba-1 recurrence, one step at a time. w, g [B,T,E]; Bm, Cm [B,T,N]; A [E,N] or None;
     h0 [B,E,N] or None. Returns y [B,T,E] and the last state [B,E,N]."""

@@ -67,6 +67,7 @@ def _initial_state(state: Tensor | None, B: int, H: int, K: int, V: int, like: T
 
 # ---- shared by the RWKV blocks -------------------------------------------------------------
 
+
 def token_shift(x: Tensor, last: Tensor | None) -> tuple[Tensor, Tensor]:
     """``x [B, T, D]`` -> (the previous token at every position, the new last token ``[B, D]``).
     ``last`` is the token before ``x`` (decode state); ``None`` means zeros (sequence start)."""
@@ -90,8 +91,8 @@ def orthogonal_init_(w: Tensor, scale: float) -> Tensor:
 
 # ---- RWKV-5 / RWKV-6 ------------------------------------------------------------------------
 
-def wkv6_recurrent(r: Tensor, k: Tensor, v: Tensor, log_w: Tensor, u: Tensor,
-                   state: Tensor | None = None) -> tuple[Tensor, Tensor]:
+
+def wkv6_recurrent(r: Tensor, k: Tensor, v: Tensor, log_w: Tensor, u: Tensor, state: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """Reference: one step at a time in fp32. Returns ``(y [B, T, H, V], final state)``."""
     B, T, H, K = r.shape
     V = v.shape[-1]
@@ -105,8 +106,9 @@ def wkv6_recurrent(r: Tensor, k: Tensor, v: Tensor, log_w: Tensor, u: Tensor,
     return torch.stack(ys, 1), S
 
 
-def wkv6_chunked(r: Tensor, k: Tensor, v: Tensor, log_w: Tensor, u: Tensor,
-                 state: Tensor | None = None, chunk_size: int = 8) -> tuple[Tensor, Tensor]:
+def wkv6_chunked(
+    r: Tensor, k: Tensor, v: Tensor, log_w: Tensor, u: Tensor, state: Tensor | None = None, chunk_size: int = 8
+) -> tuple[Tensor, Tensor]:
     """Chunked form of :func:`wkv6_recurrent` (same arguments and results).
 
     RWKV-5/6 decays are unbounded (``w = exp(-exp(.))`` can be ~0), so a factorisation
@@ -141,8 +143,8 @@ def wkv6_chunked(r: Tensor, k: Tensor, v: Tensor, log_w: Tensor, u: Tensor,
 
 # ---- RWKV-7 -------------------------------------------------------------------------------
 
-def wkv7_recurrent(r: Tensor, log_w: Tensor, k: Tensor, v: Tensor, a: Tensor, b: Tensor,
-                   state: Tensor | None = None) -> tuple[Tensor, Tensor]:
+
+def wkv7_recurrent(r: Tensor, log_w: Tensor, k: Tensor, v: Tensor, a: Tensor, b: Tensor, state: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """Reference: one step at a time in fp32. Returns ``(y [B, T, H, V], final state)``."""
     B, T, H, K = r.shape
     V = v.shape[-1]
@@ -156,8 +158,9 @@ def wkv7_recurrent(r: Tensor, log_w: Tensor, k: Tensor, v: Tensor, a: Tensor, b:
     return torch.stack(ys, 1), S
 
 
-def wkv7_chunked(r: Tensor, log_w: Tensor, k: Tensor, v: Tensor, a: Tensor, b: Tensor,
-                 state: Tensor | None = None, chunk_size: int = 32) -> tuple[Tensor, Tensor]:
+def wkv7_chunked(
+    r: Tensor, log_w: Tensor, k: Tensor, v: Tensor, a: Tensor, b: Tensor, state: Tensor | None = None, chunk_size: int = 32
+) -> tuple[Tensor, Tensor]:
     """Chunked (WY-style) form of :func:`wkv7_recurrent` (same arguments and results).
 
     Inside a chunk, ``u_t = a_t^T S_{t-1}`` solves a unit lower-triangular system, after which

@@ -115,8 +115,7 @@ def points_in_band(xs, band) -> int:
     return int(sum(band[0] <= x <= band[1] for x in xs))
 
 
-def measure_comparisons(pairs: list[tuple[Run, Run]], m: Measure, design: dict, domains: list[str],
-                        smooth: int = SMOOTH) -> list[dict]:
+def measure_comparisons(pairs: list[tuple[Run, Run]], m: Measure, design: dict, domains: list[str], smooth: int = SMOOTH) -> list[dict]:
     """``build_comparisons`` for one measure over (run, reference) pairs; entries note the points in the band."""
     match = design.get("match_domains")
     band = tuple(design["band"]) if m.band else None
@@ -194,14 +193,28 @@ def interactions(by_measure: dict[str, list[dict]], primary: str, runs: list[Run
         seeds = sorted(set(lim) & set(mix))
         diffs = [lim[s] - mix[s] for s in seeds]
         t = paired_test(diffs)
-        out.append({"run": name, "mixed_run": twin, "domain": dom, "measure": primary, "seeds": seeds, "per_seed": diffs,
-                    "limited_gap": float(np.mean([lim[s] for s in seeds])) if seeds else None,
-                    "mixed_gap": float(np.mean([mix[s] for s in seeds])) if seeds else None,
-                    "mean": t.mean, "sd": t.sd, "ci95": list(t.ci95) if t.ci95 else None, "p": t.p, "n_seeds": t.n})
+        out.append(
+            {
+                "run": name,
+                "mixed_run": twin,
+                "domain": dom,
+                "measure": primary,
+                "seeds": seeds,
+                "per_seed": diffs,
+                "limited_gap": float(np.mean([lim[s] for s in seeds])) if seeds else None,
+                "mixed_gap": float(np.mean([mix[s] for s in seeds])) if seeds else None,
+                "mean": t.mean,
+                "sd": t.sd,
+                "ci95": list(t.ci95) if t.ci95 else None,
+                "p": t.p,
+                "n_seeds": t.n,
+            }
+        )
     for c, ph in zip(out, holm([c["p"] for c in out])):
         c["p_holm"] = ph
-        c["verdict"] = ("limited gap larger" if c["mean"] > 0 else "limited gap smaller") if ph is not None and ph < alpha \
-            else "no detectable interaction"
+        c["verdict"] = (
+            ("limited gap larger" if c["mean"] > 0 else "limited gap smaller") if ph is not None and ph < alpha else "no detectable interaction"
+        )
     return out
 
 

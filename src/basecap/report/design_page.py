@@ -20,15 +20,22 @@ MEASURE_WORDS = {
 def design_sections(summary: dict) -> list[str]:
     d = summary["design"]
     match = ", ".join(d["match_domains"]) if d.get("match_domains") else "each run's training domains (in-domain loss)"
-    return ["", "## Comparison design", "",
-            ("Given on the command line (`basecap report --compare`): a re-analysis, chosen after the runs, so exploratory "
-             if d.get("given") else "Fixed in the study file before any run trained ") +
-            f"(docs/metrics.md, \"The comparison design\"). Matching coordinate: "
-            f"the loss on {match}. Primary measure: `{d['primary']}` ({MEASURE_WORDS.get(d['primary'], d['primary'])}): the mean "
-            f"gap over the in-domain band {d['band'][0]:g}-{d['band'][1]:g}, the same for every comparison. Annealed points are the "
-            "cooldown branches' evaluations and each run's own end (its schedule ends at the floor rate); seen targets are the "
-            "held-out tokens whose id occurs at least `eval.seen_min_count` times in the training domains' train split, so the "
-            "gap is not about rows of the head that training could only push down. The other measures follow the primary table."]
+    return [
+        "",
+        "## Comparison design",
+        "",
+        (
+            "Given on the command line (`basecap report --compare`): a re-analysis, chosen after the runs, so exploratory "
+            if d.get("given")
+            else "Fixed in the study file before any run trained "
+        )
+        + f"(docs/metrics.md, \"The comparison design\"). Matching coordinate: "
+        f"the loss on {match}. Primary measure: `{d['primary']}` ({MEASURE_WORDS.get(d['primary'], d['primary'])}): the mean "
+        f"gap over the in-domain band {d['band'][0]:g}-{d['band'][1]:g}, the same for every comparison. Annealed points are the "
+        "cooldown branches' evaluations and each run's own end (its schedule ends at the floor rate); seen targets are the "
+        "held-out tokens whose id occurs at least `eval.seen_min_count` times in the training domains' train split, so the "
+        "gap is not about rows of the head that training could only push down. The other measures follow the primary table.",
+    ]
 
 
 def _cell(c: dict | None) -> str:
@@ -44,16 +51,26 @@ def measure_sections(summary: dict) -> list[str]:
     names = [m.name for m in measures(summary["design"])[0] if m.name in by]
     rows = list(dict.fromkeys((c["run"], c["domain"]) for c in by[summary["design"]["primary"]] + by["legacy"]))
     idx = {n: {(c["run"], c["domain"]): c for c in by[n]} for n in names}
-    lines = ["", "## The gap under each measure", "",
-             "Mean gap (nats/token) [95% CI over seeds], * where its Holm-corrected test (within the measure) rejects, "
-             "(seeds matched). Reading across a row shows what each choice of the design does to one comparison.", "",
-             "| run | domain | " + " | ".join(f"{n}: {MEASURE_WORDS.get(n, n)}" for n in names) + " |", "|" + "---|" * (2 + len(names))]
+    lines = [
+        "",
+        "## The gap under each measure",
+        "",
+        "Mean gap (nats/token) [95% CI over seeds], * where its Holm-corrected test (within the measure) rejects, "
+        "(seeds matched). Reading across a row shows what each choice of the design does to one comparison.",
+        "",
+        "| run | domain | " + " | ".join(f"{n}: {MEASURE_WORDS.get(n, n)}" for n in names) + " |",
+        "|" + "---|" * (2 + len(names)),
+    ]
     for run, dom in rows:
         lines.append(f"| {run} | {dom} | " + " | ".join(_cell(idx[n].get((run, dom))) for n in names) + " |")
     band = [c for c in by[summary["design"]["primary"]] if c.get("fewest_points_in_band") is not None]
     if band:
-        lines += ["", "Fewest points of a curve inside the band (primary measure, any seed): " +
-                  ", ".join(f"{c['run']} {c['fewest_points_in_band']}" for c in band if c["domain"] == band[0]["domain"]) + "."]
+        lines += [
+            "",
+            "Fewest points of a curve inside the band (primary measure, any seed): "
+            + ", ".join(f"{c['run']} {c['fewest_points_in_band']}" for c in band if c["domain"] == band[0]["domain"])
+            + ".",
+        ]
     lines += _interaction_table(summary.get("interactions") or [])
     lines += _strata_table(summary.get("strata_shares") or {})
     return lines
@@ -62,17 +79,24 @@ def measure_sections(summary: dict) -> list[str]:
 def _interaction_table(rows: list[dict]) -> list[str]:
     if not rows:
         return []
-    lines = ["", "## Limited against mixed: the interaction", "",
-             "Per seed, the run's gap in the limited setting minus its architecture's gap in the mixed setting (primary "
-             "measure; both matched on the same coordinate), paired by seed; Holm across the rows. Positive = the limited "
-             "setting shows a larger OOD gap than the mixed one.", "",
-             "| run | mixed twin | domain | seeds | limited gap | mixed gap | difference [95% CI] | p | p (Holm) | verdict |",
-             "|" + "---|" * 10]
+    lines = [
+        "",
+        "## Limited against mixed: the interaction",
+        "",
+        "Per seed, the run's gap in the limited setting minus its architecture's gap in the mixed setting (primary "
+        "measure; both matched on the same coordinate), paired by seed; Holm across the rows. Positive = the limited "
+        "setting shows a larger OOD gap than the mixed one.",
+        "",
+        "| run | mixed twin | domain | seeds | limited gap | mixed gap | difference [95% CI] | p | p (Holm) | verdict |",
+        "|" + "---|" * 10,
+    ]
     for c in rows:
         ci = f" [{c['ci95'][0]:+.3f}, {c['ci95'][1]:+.3f}]" if c.get("ci95") else ""
         p, ph = ("-" if v is None else f"{v:.4f}" for v in (c["p"], c["p_holm"]))
-        lines.append(f"| {c['run']} | {c['mixed_run']} | {c['domain']} | {c['n_seeds']} | {_signed(c['limited_gap'])} | "
-                     f"{_signed(c['mixed_gap'])} | {_signed(c['mean'])}{ci} | {p} | {ph} | {c['verdict']} |")
+        lines.append(
+            f"| {c['run']} | {c['mixed_run']} | {c['domain']} | {c['n_seeds']} | {_signed(c['limited_gap'])} | "
+            f"{_signed(c['mixed_gap'])} | {_signed(c['mean'])}{ci} | {p} | {ph} | {c['verdict']} |"
+        )
     return lines
 
 
@@ -83,10 +107,16 @@ def _signed(v: float | None) -> str:
 def _strata_table(shares: dict) -> list[str]:
     if not shares:
         return []
-    lines = ["", "## Targets by training frequency", "",
-             "Share of each domain's evaluation targets by how often the target id occurs in the training domains' train "
-             "split: seen (>= eval.seen_min_count), rare (fewer, at least once), unseen (never).", "",
-             "| training domains | domain | seen | rare | unseen |", "|---|---|---|---|---|"]
+    lines = [
+        "",
+        "## Targets by training frequency",
+        "",
+        "Share of each domain's evaluation targets by how often the target id occurs in the training domains' train "
+        "split: seen (>= eval.seen_min_count), rare (fewer, at least once), unseen (never).",
+        "",
+        "| training domains | domain | seen | rare | unseen |",
+        "|---|---|---|---|---|",
+    ]
     for setting, doms in shares.items():
         for d, st in doms.items():
             lines.append(f"| {setting} | {d} | {st.get('seen', 0):.3f} | {st.get('rare', 0):.3f} | {st.get('unseen', 0):.3f} |")

@@ -153,8 +153,7 @@ def equivalence_bound(sd: float, n: int, alpha: float, power: float = POWER) -> 
     return _smallest(lambda m: power_tost(0.0, sd, n, m, alpha), power, 10 * sd)
 
 
-def seeds_needed(power_at: Callable[[int], float], power: float = POWER, start: int = 2,
-                 max_seeds: int = MAX_SEEDS) -> int | None:
+def seeds_needed(power_at: Callable[[int], float], power: float = POWER, start: int = 2, max_seeds: int = MAX_SEEDS) -> int | None:
     """The smallest seed count n >= ``start`` with power_at(n) >= ``power``; None when not reached by
     ``max_seeds``. Power grows with n, so the search doubles, then bisects."""
     if power_at(start) >= power:

@@ -18,7 +18,7 @@ def inline(text: str) -> list[tuple[str, str]]:
     spans, pos = [], 0
     for m in _INLINE.finditer(text):
         if m.start() > pos:
-            spans.append(("text", text[pos:m.start()]))
+            spans.append(("text", text[pos : m.start()]))
         spans.append(("strong", m.group(1)) if m.group(1) is not None else ("code", m.group(2)))
         pos = m.end()
     if pos < len(text):
@@ -63,8 +63,8 @@ def render_html(md: str, images: list[Path], title: str = "basecap report") -> s
     """The page: ``md`` drawn from its blocks, then every image as a data: URI."""
     from jinja2 import Environment, PackageLoader, StrictUndefined
 
-    env = Environment(loader=PackageLoader("basecap.report", "templates"), autoescape=True, undefined=StrictUndefined,
-                      trim_blocks=True, lstrip_blocks=True)
-    pictures = [{"alt": img.stem, "src": "data:image/png;base64," + base64.b64encode(img.read_bytes()).decode("ascii")}
-                for img in images]
+    env = Environment(
+        loader=PackageLoader("basecap.report", "templates"), autoescape=True, undefined=StrictUndefined, trim_blocks=True, lstrip_blocks=True
+    )
+    pictures = [{"alt": img.stem, "src": "data:image/png;base64," + base64.b64encode(img.read_bytes()).decode("ascii")} for img in images]
     return env.get_template("report.html.j2").render(title=title, blocks=blocks(md), images=pictures)

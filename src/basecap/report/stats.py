@@ -56,9 +56,16 @@ class MatchedGap:
         return self.reason is None
 
 
-def matched_endpoints(run_in: Curve, run_ood: Curve, ref_in: Curve,
-                      ref_ood: Curve, smooth: int = SMOOTH, trained_fraction: float = TRAINED_FRACTION,
-                      points: int = GRID_POINTS, band: tuple[float, float] | None = None) -> MatchedGap:
+def matched_endpoints(
+    run_in: Curve,
+    run_ood: Curve,
+    ref_in: Curve,
+    ref_ood: Curve,
+    smooth: int = SMOOTH,
+    trained_fraction: float = TRAINED_FRACTION,
+    points: int = GRID_POINTS,
+    band: tuple[float, float] | None = None,
+) -> MatchedGap:
     """Gap (run OOD loss - reference OOD loss) at matched in-domain loss, from the two runs' evaluation
     curves (in-domain loss and OOD loss at each evaluation, in training order).
 
@@ -83,14 +90,17 @@ def matched_endpoints(run_in: Curve, run_ood: Curve, ref_in: Curve,
     if smooth > 1 and min(len(xr), len(xf)) > smooth:
         xr, yr, xf, yf = (moving_average(a, smooth) for a in (xr, yr, xf, yf))
     elif smooth > 1:  # both curves are treated alike: smoothing one only would shift it against the other
-        notes.append(f"not smoothed: run has {len(xr)} evaluations, reference {len(xf)}; a moving average over "
-                     f"{smooth} needs more than {smooth} on both")
+        notes.append(
+            f"not smoothed: run has {len(xr)} evaluations, reference {len(xf)}; a moving average over {smooth} needs more than {smooth} on both"
+        )
         smooth = 1
     lo, hi = max(xr.min(), xf.min()), min(xr.max(), xf.max())
     if not lo < hi:
-        return MatchedGap(smoothing=smooth, notes=notes, reason=(
-            f"in-domain loss ranges do not overlap (run {xr.min():.4g}-{xr.max():.4g}, "
-            f"reference {xf.min():.4g}-{xf.max():.4g})"))
+        return MatchedGap(
+            smoothing=smooth,
+            notes=notes,
+            reason=(f"in-domain loss ranges do not overlap (run {xr.min():.4g}-{xr.max():.4g}, reference {xf.min():.4g}-{xf.max():.4g})"),
+        )
 
     def interp(grid, x, y):
         o = np.argsort(x, kind="stable")  # in-domain loss falls over training, not always monotonically
@@ -102,16 +112,26 @@ def matched_endpoints(run_in: Curve, run_ood: Curve, ref_in: Curve,
     if band is not None:
         b_lo, b_hi = float(band[0]), float(band[1])
         if not (lo <= b_lo < b_hi <= hi):
-            return MatchedGap(smoothing=smooth, notes=notes, matched_range=(float(lo), float(hi)), reason=(
-                f"the band {b_lo:.4g}-{b_hi:.4g} is not inside the common in-domain range {lo:.4g}-{hi:.4g}"))
+            return MatchedGap(
+                smoothing=smooth,
+                notes=notes,
+                matched_range=(float(lo), float(hi)),
+                reason=(f"the band {b_lo:.4g}-{b_hi:.4g} is not inside the common in-domain range {lo:.4g}-{hi:.4g}"),
+            )
         bottom, top = b_lo, b_hi
     else:
         bottom, top = lo, lo + trained_fraction * (hi - lo)
     whole = gap(np.linspace(lo, hi, points))
     trained = gap(np.linspace(bottom, top, points))
-    return MatchedGap(primary=float(trained.mean()), mean_gap=float(whole.mean()), end_gap=float(whole[0]),
-                      matched_range=(float(lo), float(hi)), primary_range=(float(bottom), float(top)),
-                      smoothing=smooth, notes=notes)
+    return MatchedGap(
+        primary=float(trained.mean()),
+        mean_gap=float(whole.mean()),
+        end_gap=float(whole[0]),
+        matched_range=(float(lo), float(hi)),
+        primary_range=(float(bottom), float(top)),
+        smoothing=smooth,
+        notes=notes,
+    )
 
 
 @dataclass
@@ -141,8 +161,7 @@ def paired_test(gaps: Sequence[float], confidence: float = 0.95) -> PairedTest:
     tcrit = float(stats.t.ppf(0.5 + confidence / 2, n - 1))
     note = f"2 seeds: the interval is valid but very wide (t critical value {tcrit:.1f})" if n == 2 else None
     if np.ptp(g) == 0:  # identical gaps: the t statistic is 0/0 or x/0
-        return PairedTest(n, mean, 0.0, (mean, mean), 1.0 if mean == 0 else 0.0,
-                          "identical gaps on every seed" + (f"; {note}" if note else ""))
+        return PairedTest(n, mean, 0.0, (mean, mean), 1.0 if mean == 0 else 0.0, "identical gaps on every seed" + (f"; {note}" if note else ""))
     half = tcrit * sd / math.sqrt(n)
     with warnings.catch_warnings():  # nearly identical gaps: scipy warns about precision, the value stands
         warnings.simplefilter("ignore", RuntimeWarning)
@@ -173,8 +192,7 @@ def simultaneous_ci(n: int, mean: float | None, sd: float | None, m: int, alpha:
     return (mean - half, mean + half)
 
 
-def verdict(n: int, mean: float | None, ci: tuple[float, float] | None, p_holm: float | None,
-            alpha: float = ALPHA) -> str:
+def verdict(n: int, mean: float | None, ci: tuple[float, float] | None, p_holm: float | None, alpha: float = ALPHA) -> str:
     """Verdict words from the Holm-corrected test only. Positive gap = worse out of distribution. ``ci``
     is the comparison's simultaneous (Bonferroni) interval: the gaps the data still allow, corrected for
     the same family as the test, so it agrees with the words."""
@@ -186,8 +204,7 @@ def verdict(n: int, mean: float | None, ci: tuple[float, float] | None, p_holm: 
     return f"no detectable difference (simultaneous CI [{lo:.3f}, {hi:.3f}])"
 
 
-def eval_noise(window_losses: Sequence[float], confidence: float = 0.95, n_resamples: int = 2000,
-               seed: int = 0) -> dict:
+def eval_noise(window_losses: Sequence[float], confidence: float = 0.95, n_resamples: int = 2000, seed: int = 0) -> dict:
     """Loss of one evaluation as the mean over its windows, with the bootstrap standard error and
     bias-corrected and accelerated (BCa) interval over windows: the noise that comes from the choice of
     evaluation text alone."""
@@ -195,15 +212,15 @@ def eval_noise(window_losses: Sequence[float], confidence: float = 0.95, n_resam
     return _bootstrap_mean((w,), lambda a, axis=-1: a.mean(axis=axis), confidence, n_resamples, seed)
 
 
-def eval_noise_of_difference(run_windows: Sequence[float], ref_windows: Sequence[float], confidence: float = 0.95,
-                             n_resamples: int = 2000, seed: int = 0) -> dict:
+def eval_noise_of_difference(
+    run_windows: Sequence[float], ref_windows: Sequence[float], confidence: float = 0.95, n_resamples: int = 2000, seed: int = 0
+) -> dict:
     """Bootstrap over evaluation windows of (run loss - reference loss), the two runs evaluated on the
     same windows: windows are resampled together (paired), so text that is hard for both cancels."""
     a, b = np.asarray(run_windows, dtype=float), np.asarray(ref_windows, dtype=float)
     if a.shape != b.shape:
         raise ValueError(f"run and reference need the same windows (got {a.shape} and {b.shape})")
-    return _bootstrap_mean((a, b), lambda x, y, axis=-1: x.mean(axis=axis) - y.mean(axis=axis), confidence,
-                           n_resamples, seed, paired=True)
+    return _bootstrap_mean((a, b), lambda x, y, axis=-1: x.mean(axis=axis) - y.mean(axis=axis), confidence, n_resamples, seed, paired=True)
 
 
 def _bootstrap_mean(data: tuple, statistic, confidence: float, n_resamples: int, seed: int, paired: bool = False) -> dict:
@@ -214,8 +231,15 @@ def _bootstrap_mean(data: tuple, statistic, confidence: float, n_resamples: int,
     spread = data[0] - data[1] if paired else data[0]
     if np.ptp(spread) <= 1e-12 * (1 + np.abs(spread).max()):  # no spread: the bootstrap distribution is a point
         return {"value": value, "se": 0.0, "ci95": [value, value], "windows": n}
-    res = stats.bootstrap(data, statistic, n_resamples=n_resamples, paired=paired, vectorized=True,
-                          confidence_level=confidence, random_state=np.random.default_rng(seed))
+    res = stats.bootstrap(
+        data,
+        statistic,
+        n_resamples=n_resamples,
+        paired=paired,
+        vectorized=True,
+        confidence_level=confidence,
+        random_state=np.random.default_rng(seed),
+    )
     ci = res.confidence_interval
     return {"value": value, "se": float(res.standard_error), "ci95": [float(ci.low), float(ci.high)], "windows": n}
 
@@ -247,9 +271,14 @@ def pair_by_seed(runs: Iterable[RunCurves], reference: str) -> list[tuple[RunCur
     return [(r, refs[r.seed]) for r in runs if r.name != reference and r.seed in refs]
 
 
-def build_comparisons(pairs: Iterable[tuple[RunCurves, RunCurves]], domains: Sequence[str], smooth: int = SMOOTH,
-                      trained_fraction: float = TRAINED_FRACTION, alpha: float = ALPHA,
-                      band: tuple[float, float] | None = None) -> list[dict]:
+def build_comparisons(
+    pairs: Iterable[tuple[RunCurves, RunCurves]],
+    domains: Sequence[str],
+    smooth: int = SMOOTH,
+    trained_fraction: float = TRAINED_FRACTION,
+    alpha: float = ALPHA,
+    band: tuple[float, float] | None = None,
+) -> list[dict]:
     """The ``comparisons`` list of summary.json: one entry per (run name, reference name, domain), the
     per-seed gaps paired by seed, the paired test on the primary endpoint, and the Holm correction across
     every comparison in the list (pass all comparisons of a report in one call)."""
@@ -280,13 +309,28 @@ def build_comparisons(pairs: Iterable[tuple[RunCurves, RunCurves]], domains: Seq
         if t.note:
             notes.append(t.note)
         se = float(np.sqrt(np.mean(np.square(eval_se)))) if eval_se and None not in eval_se else None
-        out.append({
-            "run": name, "reference": ref_name, "domain": d, "n_seeds": t.n, "seeds": seeds, "per_seed": primary,
-            "mean_gap": t.mean, "sd": t.sd, "ci95": list(t.ci95) if t.ci95 else None, "p": t.p, "p_holm": None,
-            "verdict": TOO_FEW, "secondary_mean_gap": float(np.mean(secondary)) if secondary else None,
-            "end_gap": float(np.mean(end)) if end else None, "eval_se": se, "dominant_noise": dominant_noise(t.sd, se),
-            "notes": notes, "unmatched_seeds": len(members) - len(seeds),
-        })
+        out.append(
+            {
+                "run": name,
+                "reference": ref_name,
+                "domain": d,
+                "n_seeds": t.n,
+                "seeds": seeds,
+                "per_seed": primary,
+                "mean_gap": t.mean,
+                "sd": t.sd,
+                "ci95": list(t.ci95) if t.ci95 else None,
+                "p": t.p,
+                "p_holm": None,
+                "verdict": TOO_FEW,
+                "secondary_mean_gap": float(np.mean(secondary)) if secondary else None,
+                "end_gap": float(np.mean(end)) if end else None,
+                "eval_se": se,
+                "dominant_noise": dominant_noise(t.sd, se),
+                "notes": notes,
+                "unmatched_seeds": len(members) - len(seeds),
+            }
+        )
     return apply_holm(out, alpha)
 
 

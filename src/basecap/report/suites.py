@@ -48,13 +48,17 @@ def _file_part(label: str) -> str:
 
 def _mqar(label, per_run, out: Path):
     pairs = sorted({k for rs in per_run.values() for res in rs for run in res.get("runs", []) for k in run["acc"]}, key=int)
-    lines = [f"## Associative recall: {label}", "",
-             "Each architecture trained from scratch on MQAR (Zoology's protocol) at the width shown; accuracy on "
-             "held-out sequences per number of key-value pairs, mean ± std over MQAR training seeds (one value when the "
-             "suite fixes its seed); state = recurrent state bytes per sequence (KV cache for attention) at the MQAR "
-             "length.", "",
-             "| run | d_model | seeds | state bytes | " + " | ".join(f"{p} pairs" for p in pairs) + " | mean |",
-             "|" + "---|" * (5 + len(pairs))]
+    lines = [
+        f"## Associative recall: {label}",
+        "",
+        "Each architecture trained from scratch on MQAR (Zoology's protocol) at the width shown; accuracy on "
+        "held-out sequences per number of key-value pairs, mean ± std over MQAR training seeds (one value when the "
+        "suite fixes its seed); state = recurrent state bytes per sequence (KV cache for attention) at the MQAR "
+        "length.",
+        "",
+        "| run | d_model | seeds | state bytes | " + " | ".join(f"{p} pairs" for p in pairs) + " | mean |",
+        "|" + "---|" * (5 + len(pairs)),
+    ]
     pts = []
     for name, rs in per_run.items():
         by_d: dict[int, dict] = defaultdict(dict)
@@ -82,12 +86,15 @@ def _mqar(label, per_run, out: Path):
             by_name[name].append((state, d, ms))
         for name, rows in by_name.items():  # one curve per architecture over its widths (Zoology's figure)
             rows.sort()
-            ax.errorbar([r[0] for r in rows], [r[2][0] for r in rows], yerr=[r[2][1] or 0 for r in rows], fmt="-o",
-                        capsize=3, label=name)
+            ax.errorbar([r[0] for r in rows], [r[2][0] for r in rows], yerr=[r[2][1] or 0 for r in rows], fmt="-o", capsize=3, label=name)
             for state, d, (m, _) in rows:
                 ax.annotate(f"d={d}", (state, m), textcoords="offset points", xytext=(3, 3), fontsize=6)
-        ax.set(xscale="log", xlabel="recurrent state bytes per sequence", ylabel="MQAR accuracy (mean over pair counts)",
-               title="Recall against state size")
+        ax.set(
+            xscale="log",
+            xlabel="recurrent state bytes per sequence",
+            ylabel="MQAR accuracy (mean over pair counts)",
+            title="Recall against state size",
+        )
         ax.legend(fontsize=7)
         fig.tight_layout()
         img = out / f"recall_vs_state_{_file_part(label)}.png"
@@ -98,9 +105,14 @@ def _mqar(label, per_run, out: Path):
 
 def _lm_eval(label, per_run):
     tasks = sorted({t for rs in per_run.values() for res in rs for t in res.get("summary", {})})
-    lines = [f"## lm-evaluation-harness: {label}", "",
-             "acc_norm where the task reports it (ARC-c, HellaSwag, OpenBookQA, PIQA convention), else acc; "
-             "mean ± std over seeds.", "", "| run | " + " | ".join(tasks) + " |", "|" + "---|" * (1 + len(tasks))]
+    lines = [
+        f"## lm-evaluation-harness: {label}",
+        "",
+        "acc_norm where the task reports it (ARC-c, HellaSwag, OpenBookQA, PIQA convention), else acc; mean ± std over seeds.",
+        "",
+        "| run | " + " | ".join(tasks) + " |",
+        "|" + "---|" * (1 + len(tasks)),
+    ]
     for name, rs in per_run.items():
         cells = []
         for t in tasks:
@@ -127,8 +139,14 @@ def _generic(label, per_run):
         rows.append((name, {k: _ms(v) for k, v in nums.items()}))
     if not keys:
         return []
-    lines = [f"## {label}", "", "Headline numbers of the suite (mean ± std over seeds; details in each run's eval JSON).", "",
-             "| run | " + " | ".join(keys) + " |", "|" + "---|" * (1 + len(keys))]
+    lines = [
+        f"## {label}",
+        "",
+        "Headline numbers of the suite (mean ± std over seeds; details in each run's eval JSON).",
+        "",
+        "| run | " + " | ".join(keys) + " |",
+        "|" + "---|" * (1 + len(keys)),
+    ]
     lines += [f"| {name} | " + " | ".join(_f(v.get(k)) for k in keys) + " |" for name, v in rows]
     return lines
 
@@ -139,11 +157,15 @@ def speed_section(speed_json: Path, out: Path):
     att = res.get("attention")
     lengths = sorted({int(T) for r in res.values() for T in r.get("train_s", {})})
     ctxs = sorted({int(c) for r in res.values() for c in r.get("decode_ms", {})})
-    lines = ["## Speed against sequence length", "",
-             f"One mixer layer, d_model {data['meta']['d_model']}, batch 1, {data['meta']['threads']} thread(s): "
-             "forward+backward seconds of the training form, and ms per decoded token after a context (`basecap bench mixers`).", "",
-             "| mixer | " + " | ".join(f"train T={T}" for T in lengths) + " | " + " | ".join(f"decode @{c}" for c in ctxs) + " |",
-             "|" + "---|" * (1 + len(lengths) + len(ctxs))]
+    lines = [
+        "## Speed against sequence length",
+        "",
+        f"One mixer layer, d_model {data['meta']['d_model']}, batch 1, {data['meta']['threads']} thread(s): "
+        "forward+backward seconds of the training form, and ms per decoded token after a context (`basecap bench mixers`).",
+        "",
+        "| mixer | " + " | ".join(f"train T={T}" for T in lengths) + " | " + " | ".join(f"decode @{c}" for c in ctxs) + " |",
+        "|" + "---|" * (1 + len(lengths) + len(ctxs)),
+    ]
     for name, r in res.items():
         if not r.get("ok", True):
             lines.append(f"| {name} | failed correctness check |")

@@ -38,8 +38,14 @@ def study_of(run_dirs: list[Path]) -> tuple[str | None, str | None]:
 def _commit(runs) -> tuple[str | None, dict]:
     """The code commit shared by every run (None when they differ), and each run's commit and dirty flag (and,
     for a run copied from another study with ``--reuse``, where it came from)."""
-    each = {r.run_id: {"commit": r.info.get("git_commit"), "dirty": r.info.get("git_dirty"),
-                       **({"reused_from": r.info["reused_from"]} if r.info.get("reused_from") else {})} for r in runs}
+    each = {
+        r.run_id: {
+            "commit": r.info.get("git_commit"),
+            "dirty": r.info.get("git_dirty"),
+            **({"reused_from": r.info["reused_from"]} if r.info.get("reused_from") else {}),
+        }
+        for r in runs
+    }
     commits = {v["commit"] for v in each.values()}
     return (commits.pop() if len(commits) == 1 else None), each
 
@@ -56,26 +62,43 @@ def _run_entry(name: str, row: dict, domains: list[str]) -> dict:
     """One run name of the final table: losses are means over seeds (with their sd where useful)."""
     base = row.get("unigram")
     return {
-        "name": name, "seeds": row["seeds"], "steps": row["steps"], "params": row["params"], "in_domains": row["in_domains"],
-        "in_domain_loss": _mean(row["in_domain_loss"]), "in_domain_loss_sd": _sd(row["in_domain_loss"]),
+        "name": name,
+        "seeds": row["seeds"],
+        "steps": row["steps"],
+        "params": row["params"],
+        "in_domains": row["in_domains"],
+        "in_domain_loss": _mean(row["in_domain_loss"]),
+        "in_domain_loss_sd": _sd(row["in_domain_loss"]),
         "unigram_loss": base["in_domain"] if base else None,
-        "context_gain": _mean(row["context_gain"]), "context_gain_sd": _sd(row["context_gain"]),
+        "context_gain": _mean(row["context_gain"]),
+        "context_gain_sd": _sd(row["context_gain"]),
         "ood": {d: row[d]["loss"][0] for d in domains if d in row and d not in row["in_domains"]},
-        "domains": {d: {"loss": row[d]["loss"][0], "bpb": row[d]["bpb"][0],
-                        "unigram_loss": base["domains"].get(d) if base else None} for d in domains if d in row},
+        "domains": {
+            d: {"loss": row[d]["loss"][0], "bpb": row[d]["bpb"][0], "unigram_loss": base["domains"].get(d) if base else None}
+            for d in domains
+            if d in row
+        },
     }
 
 
 def build_summary(summary: dict, runs, study: str | None, size: str | None) -> dict:
     """The summary.json object of a report (``summary`` from ``report.core.summarize``)."""
     commit, commits = _commit(runs)
-    return _finite({
-        "study": study, "size": size, "commit": commit, "commits": commits, "reference": summary["reference"],
-        "smooth": summary["smooth"], "near_unigram": summary["near_unigram"],
-        "runs": [_run_entry(n, row, summary["domains"]) for n, row in summary["final"].items() if row["in_domain_loss"]],
-        "comparisons": summary["comparisons"], "in_domain_comparisons": summary.get("in_domain_comparisons", []),
-        **{k: summary[k] for k in ("design", "comparisons_by_measure", "interactions", "strata_shares") if k in summary},
-    })
+    return _finite(
+        {
+            "study": study,
+            "size": size,
+            "commit": commit,
+            "commits": commits,
+            "reference": summary["reference"],
+            "smooth": summary["smooth"],
+            "near_unigram": summary["near_unigram"],
+            "runs": [_run_entry(n, row, summary["domains"]) for n, row in summary["final"].items() if row["in_domain_loss"]],
+            "comparisons": summary["comparisons"],
+            "in_domain_comparisons": summary.get("in_domain_comparisons", []),
+            **{k: summary[k] for k in ("design", "comparisons_by_measure", "interactions", "strata_shares") if k in summary},
+        }
+    )
 
 
 def _finite(obj):

@@ -11,8 +11,7 @@ from pathlib import Path
 FIGURE = "sweep.png"
 
 
-def add_sweep_section(md: str, images: list[Path], tuning_json: str | Path, out: Path,
-                      reference: str | None = None) -> tuple[str, list[Path]]:
+def add_sweep_section(md: str, images: list[Path], tuning_json: str | Path, out: Path, reference: str | None = None) -> tuple[str, list[Path]]:
     """``md`` with the tuning section inserted before the final evaluation, and the sweep plot first in
     ``images``; unchanged when the file is missing or holds no run. With ``reference``, the section also
     shows the OOD gap at each fixed value against the reference at the same value (``fixed_vs_tuned``)."""
@@ -49,13 +48,20 @@ def _cell(tried: dict, chosen: bool) -> str:
 def sweep_markdown(tuning: dict) -> list[str]:
     keys, seeds, runs = tuning["keys"], tuning["seeds"], tuning["runs"]
     points = [_values_text(t["values"]) for t in next(iter(runs.values()))["tried"]]
-    lines = [f"## Tuning: {', '.join(keys)} chosen per run on in-domain validation loss", "",
-             (f"Every run was first trained at each value below on tuning seed(s) {', '.join(map(str, seeds))}, which the "
-              "comparison never uses. The chosen value (bold) has the lowest final in-domain loss on the validation split, "
-              "mean over the tuning seeds (± = their standard deviation); a tie goes to the value listed first. The OOD domains "
-              "and the test split were never consulted: they are what the comparison below tests. The comparison runs every "
-              "architecture at its own chosen value."), "",
-             "| run | " + " | ".join(points) + " | chosen |", "|" + "---|" * (len(points) + 2)]
+    lines = [
+        f"## Tuning: {', '.join(keys)} chosen per run on in-domain validation loss",
+        "",
+        (
+            f"Every run was first trained at each value below on tuning seed(s) {', '.join(map(str, seeds))}, which the "
+            "comparison never uses. The chosen value (bold) has the lowest final in-domain loss on the validation split, "
+            "mean over the tuning seeds (± = their standard deviation); a tie goes to the value listed first. The OOD domains "
+            "and the test split were never consulted: they are what the comparison below tests. The comparison runs every "
+            "architecture at its own chosen value."
+        ),
+        "",
+        "| run | " + " | ".join(points) + " | chosen |",
+        "|" + "---|" * (len(points) + 2),
+    ]
     for name, entry in runs.items():
         cells = [_cell(t, t["name"] == entry["chosen_name"]) for t in entry["tried"]]
         lines.append(f"| {name} | " + " | ".join(cells) + f" | {_values_text(entry['chosen'])} |")
@@ -94,8 +100,7 @@ def sweep_plot(tuning: dict, out: Path) -> Path:
         for i, (name, entry) in enumerate(runs.items()):
             color = plt.cm.tab10(i % 10)
             xs, ys = _profile(entry, key)
-            ax.plot([pos(x) for x, y in zip(xs, ys) if y is not None], [y for y in ys if y is not None], "-o", ms=4, lw=1.2,
-                    color=color, label=name)
+            ax.plot([pos(x) for x, y in zip(xs, ys) if y is not None], [y for y in ys if y is not None], "-o", ms=4, lw=1.2, color=color, label=name)
             for t in entry["tried"]:  # each tuning seed, faint
                 seeds = [v for v in t["losses"].values() if v is not None]
                 ax.plot([pos(t["values"][key])] * len(seeds), seeds, ".", ms=3, alpha=0.35, color=color)
@@ -146,8 +151,12 @@ def fixed_vs_tuned(tuning: dict, runs_dir: Path, reference: str) -> list[dict]:
             a, b = curves(name, seed), curves(ref_name, seed)
             if a is None or b is None or domain not in a.domains or domain not in b.domains:
                 continue
-            g = matched_endpoints([e["in_domain_loss"] for e in a.evals], [e["domains"][domain]["loss"] for e in a.evals],
-                                  [e["in_domain_loss"] for e in b.evals], [e["domains"][domain]["loss"] for e in b.evals])
+            g = matched_endpoints(
+                [e["in_domain_loss"] for e in a.evals],
+                [e["domains"][domain]["loss"] for e in a.evals],
+                [e["in_domain_loss"] for e in b.evals],
+                [e["domains"][domain]["loss"] for e in b.evals],
+            )
             if g.ok and g.primary is not None:
                 vals.append(g.primary)
         return statistics.fmean(vals) if vals else None
@@ -159,9 +168,11 @@ def fixed_vs_tuned(tuning: dict, runs_dir: Path, reference: str) -> list[dict]:
         if name == reference:
             continue
         first = curves(entry["tried"][0]["name"], seeds[0])
-        for domain in (first.ood_domains if first is not None else []):
-            fixed = {_values_text(t["values"]): (gap(t["name"], ref_at[k], domain) if (k := json.dumps(t["values"], sort_keys=True)) in ref_at else None)
-                     for t in entry["tried"]}
+        for domain in first.ood_domains if first is not None else []:
+            fixed = {
+                _values_text(t["values"]): (gap(t["name"], ref_at[k], domain) if (k := json.dumps(t["values"], sort_keys=True)) in ref_at else None)
+                for t in entry["tried"]
+            }
             rows.append({"run": name, "domain": domain, "fixed": fixed, "tuned": gap(entry["chosen_name"], ref["chosen_name"], domain)})
     return rows
 
@@ -174,12 +185,20 @@ def fixed_vs_tuned_markdown(rows: list[dict]) -> list[str]:
         return []
     points = list(rows[0]["fixed"])
     num = lambda v: "-" if v is None else f"{v:+.3f}"  # noqa: E731
-    lines = ["", "### Does a fixed value change the verdict? (tuning seeds only)", "",
-             ("Primary OOD gap at matched in-domain loss against the reference, both trained at the same fixed value (one "
-              "column per value), and at each one's own chosen value (last column), from the tuning runs. Positive = worse "
-              "OOD than the reference. One number per tuning seed, no interval: it shows whether the choice of a shared "
-              "value can move or flip a gap, not whether a gap is real (the comparison below answers that)."), "",
-             "| run | domain | " + " | ".join(points) + " | each at its chosen value |", "|" + "---|" * (len(points) + 3)]
+    lines = [
+        "",
+        "### Does a fixed value change the verdict? (tuning seeds only)",
+        "",
+        (
+            "Primary OOD gap at matched in-domain loss against the reference, both trained at the same fixed value (one "
+            "column per value), and at each one's own chosen value (last column), from the tuning runs. Positive = worse "
+            "OOD than the reference. One number per tuning seed, no interval: it shows whether the choice of a shared "
+            "value can move or flip a gap, not whether a gap is real (the comparison below answers that)."
+        ),
+        "",
+        "| run | domain | " + " | ".join(points) + " | each at its chosen value |",
+        "|" + "---|" * (len(points) + 3),
+    ]
     for r in rows:
         lines.append(f"| {r['run']} | {r['domain']} | " + " | ".join(num(r["fixed"][p]) for p in points) + f" | {num(r['tuned'])} |")
     return lines

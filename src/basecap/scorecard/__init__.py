@@ -40,8 +40,7 @@ def _superseded(c, claims, studies: dict, domains: list[str]):
     from ..report.stats import paired_test
 
     t = paired_test(claim_values(c, prev, domains)["values"])
-    return new, {"study": c.study, "results": claims.results_dir(c.study), "mean": t.mean,
-                 "ci95": list(t.ci95) if t.ci95 else None, "n": t.n}
+    return new, {"study": c.study, "results": claims.results_dir(c.study), "mean": t.mean, "ci95": list(t.ci95) if t.ci95 else None, "n": t.n}
 
 
 def build_scorecard(root: str | Path = ".", claims_path: str | Path | None = None) -> dict:
@@ -58,11 +57,30 @@ def build_scorecard(root: str | Path = ".", claims_path: str | Path | None = Non
         before = None
         if c.untestable is None and c.study is not None:
             c, before = _superseded(c, claims, studies, domains)
-        row = {"id": c.id, "section": c.section, "paper": c.paper, "study": c.study, "expect": c.expect,
-               "direction": c.direction, "run": c.run, "reference": c.reference, "runs": c.runs, "domains": domains,
-               "measure": c.measure, "family": c.untestable is None and c.gpu is None, "claim_obj": c, "test": None,
-               "verdict": NOT_RUN, "detail": "", "scale": None, "results": None, "seeds": [], "values": [], "reused": [],
-               "before": before}
+        row = {
+            "id": c.id,
+            "section": c.section,
+            "paper": c.paper,
+            "study": c.study,
+            "expect": c.expect,
+            "direction": c.direction,
+            "run": c.run,
+            "reference": c.reference,
+            "runs": c.runs,
+            "domains": domains,
+            "measure": c.measure,
+            "family": c.untestable is None and c.gpu is None,
+            "claim_obj": c,
+            "test": None,
+            "verdict": NOT_RUN,
+            "detail": "",
+            "scale": None,
+            "results": None,
+            "seeds": [],
+            "values": [],
+            "reused": [],
+            "before": before,
+        }
         rows.append(row)
         if c.untestable is not None:
             row["verdict"], row["detail"] = UNTESTABLE, c.untestable
@@ -74,26 +92,40 @@ def build_scorecard(root: str | Path = ".", claims_path: str | Path | None = Non
         scale_run = c.run or c.reference
         if st is None:
             row["scale"] = scale_of_config(root, study.experiment, study.size, scale_run)
-            row["detail"] = (f"needs the paper's GPU scale: {c.gpu}" if c.gpu else
-                             f"experiments/paper/{study.experiment} at size {study.size} (results/{folder}/ not published yet)")
+            row["detail"] = (
+                f"needs the paper's GPU scale: {c.gpu}"
+                if c.gpu
+                else f"experiments/paper/{study.experiment} at size {study.size} (results/{folder}/ not published yet)"
+            )
             continue
         row["results"] = folder
         got = claim_values(c, st, domains)
         key = comparison_key(c, st, got["used"], domains)
         if key in seen:
-            raise ConfigError(f"claim {c.id} repeats the comparison of claim {seen[key]} (the same run records): "
-                              "a comparison enters the family once")
+            raise ConfigError(f"claim {c.id} repeats the comparison of claim {seen[key]} (the same run records): a comparison enters the family once")
         seen[key] = c.id
-        row.update(seeds=got["seeds"], values=got["values"], parts=got["parts"], notes=got["notes"],
-                   scale=scale_of_run(st.runs[next(k for k in got["used"] if k[0] == scale_run)]) if got["used"] else None,
-                   reused=[{"run": f"{n}-s{s}", "copy_of": copy_of[(folder, f"{n}-s{s}")]}
-                           for n, s in got["used"] if (folder, f"{n}-s{s}") in copy_of])
+        row.update(
+            seeds=got["seeds"],
+            values=got["values"],
+            parts=got["parts"],
+            notes=got["notes"],
+            scale=scale_of_run(st.runs[next(k for k in got["used"] if k[0] == scale_run)]) if got["used"] else None,
+            reused=[{"run": f"{n}-s{s}", "copy_of": copy_of[(folder, f"{n}-s{s}")]} for n, s in got["used"] if (folder, f"{n}-s{s}") in copy_of],
+        )
         row["test"] = claim_tests(c, got["values"], claim_margin(c, claims.margin))
     m = decide(rows, claims.alpha, claims.power)
     for r in rows:
         r.pop("claim_obj")
     n_records = sum(len(st.runs) for st in studies.values())
-    return {"margin": claims.margin, "margin_reason": " ".join(claims.margin_reason.split()), "alpha": claims.alpha,
-            "power": claims.power, "family_size": m, "claims": rows, "studies": sorted(studies),
-            "run_records": n_records, "distinct_runs": len({fp for st in studies.values() for fp in st.fingerprints.values()}),
-            "copies": copies}
+    return {
+        "margin": claims.margin,
+        "margin_reason": " ".join(claims.margin_reason.split()),
+        "alpha": claims.alpha,
+        "power": claims.power,
+        "family_size": m,
+        "claims": rows,
+        "studies": sorted(studies),
+        "run_records": n_records,
+        "distinct_runs": len({fp for st in studies.values() for fp in st.fingerprints.values()}),
+        "copies": copies,
+    }

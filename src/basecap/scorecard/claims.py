@@ -23,14 +23,14 @@ MEASURES = ("primary", "legacy", "evals_all", "evals_seen", "annealed_all", "ann
 
 
 class Study(Strict):
-    experiment: str                      # a file of experiments/paper/
+    experiment: str  # a file of experiments/paper/
     size: str
-    results: str | None = None           # folder under results/ (default: the study's name)
+    results: str | None = None  # folder under results/ (default: the study's name)
     label: str | None = None
-    superseded_by: str | None = None     # a study that answers the same claims with the comparison design: once it is
-                                         # published (with the claim's runs), the claim is computed from it, this one beside
+    superseded_by: str | None = None  # a study that answers the same claims with the comparison design: once it is
+    # published (with the claim's runs), the claim is computed from it, this one beside
     superseding_runs: dict[str, str] = {}  # run names in the superseding study; when given, only claims whose every
-                                           # run it maps move there (a control whose other runs have no counterpart stays)
+    # run it maps move there (a control whose other runs have no counterpart stays)
 
     @field_validator("results")
     @classmethod
@@ -41,20 +41,20 @@ class Study(Strict):
 class Claim(Strict):
     id: str
     section: str
-    paper: str                           # the paper's words
+    paper: str  # the paper's words
     study: str | None = None
     expect: Literal["worse", "better", "no_effect", "trend", "interaction"] | None = None
-    direction: str | None = None         # trend: falls | rises; interaction: larger | smaller
+    direction: str | None = None  # trend: falls | rises; interaction: larger | smaller
     run: str | None = None
     reference: str | None = None
-    control_run: str | None = None       # interaction: the control setting's run and reference
+    control_run: str | None = None  # interaction: the control setting's run and reference
     control_reference: str | None = None
-    x: dict[str, float] | None = None    # trend: each run's value (slope on log2 x)
+    x: dict[str, float] | None = None  # trend: each run's value (slope on log2 x)
     domains: list[str] | None = None
-    seeds: list[int] | None = None       # only these seeds (default: every seed both runs have)
+    seeds: list[int] | None = None  # only these seeds (default: every seed both runs have)
     measure: Literal["primary", "legacy", "evals_all", "evals_seen", "annealed_all", "annealed_seen"] = "primary"
-    gpu: str | None = None               # needs the paper's GPU scale: what would have to run
-    untestable: str | None = None        # no study can test it: why
+    gpu: str | None = None  # needs the paper's GPU scale: what would have to run
+    untestable: str | None = None  # no study can test it: why
 
     @field_validator("id")
     @classmethod
@@ -96,8 +96,7 @@ class Claim(Strict):
     def sign(self) -> int:
         """+1 when the paper expects the statistic to be positive (worse, rises, larger), -1 when negative, 0 for
         no effect."""
-        return {"worse": 1, "rises": 1, "larger": 1, "better": -1, "falls": -1, "smaller": -1}.get(
-            self.direction or self.expect or "", 0)
+        return {"worse": 1, "rises": 1, "larger": 1, "better": -1, "falls": -1, "smaller": -1}.get(self.direction or self.expect or "", 0)
 
     @property
     def runs(self) -> list[str]:
@@ -174,15 +173,18 @@ def check_runs(claims: ClaimsFile, root: Path, path: Path) -> None:
         if study.superseded_by is not None:
             bad = [r for r in study.superseding_runs.values() if r not in names[study.superseded_by]]
             if bad or set(study.superseding_runs) - set(names[key]):
-                raise ConfigError(f"{path}: studies.{key}.superseding_runs: {study.superseding_runs} names runs that "
-                                  f"{key} or {study.superseded_by} do not have")
+                raise ConfigError(
+                    f"{path}: studies.{key}.superseding_runs: {study.superseding_runs} names runs that {key} or {study.superseded_by} do not have"
+                )
     for i, c in enumerate(claims.claims):
         if c.study is None:
             continue
         bad = [r for r in c.runs if r not in names[c.study]]
         if bad:
-            raise ConfigError(f"{path}: claims[{i}] ({c.id}): {', '.join(map(repr, bad))} is not a run of "
-                              f"{claims.studies[c.study].experiment} (runs: {', '.join(names[c.study])})")
+            raise ConfigError(
+                f"{path}: claims[{i}] ({c.id}): {', '.join(map(repr, bad))} is not a run of "
+                f"{claims.studies[c.study].experiment} (runs: {', '.join(names[c.study])})"
+            )
 
 
 def superseding_claim(claim: Claim, study: Study) -> Claim:
@@ -192,6 +194,13 @@ def superseding_claim(claim: Claim, study: Study) -> Claim:
     def n(name):
         return None if name is None else rename.get(name, name)
 
-    return claim.model_copy(update={"study": study.superseded_by, "run": n(claim.run), "reference": n(claim.reference),
-                                    "control_run": n(claim.control_run), "control_reference": n(claim.control_reference),
-                                    "x": {n(k): v for k, v in claim.x.items()} if claim.x else None})
+    return claim.model_copy(
+        update={
+            "study": study.superseded_by,
+            "run": n(claim.run),
+            "reference": n(claim.reference),
+            "control_run": n(claim.control_run),
+            "control_reference": n(claim.control_reference),
+            "x": {n(k): v for k, v in claim.x.items()} if claim.x else None,
+        }
+    )

@@ -23,7 +23,6 @@ from ..report.stats import SMOOTH, RunCurves, build_comparisons
 from .claims import Claim
 
 
-
 @dataclasses.dataclass
 class Study:
     """A published study: its runs by (name, seed), its summary.json and each run's record fingerprint."""
@@ -50,12 +49,14 @@ def load_study(results_dir: Path) -> Study | None:
         if d.is_dir() and (d / "run.json").is_file():
             r = load_run(d)
             runs[(r.name, r.seed)] = r
-    return Study(results_dir.name, results_dir, runs, json.loads(summary_path.read_text(encoding="utf-8")),
-                 {k: fingerprint(r) for k, r in runs.items()})
+    return Study(
+        results_dir.name, results_dir, runs, json.loads(summary_path.read_text(encoding="utf-8")), {k: fingerprint(r) for k, r in runs.items()}
+    )
 
 
-def pair_gaps(study: Study, run: str, reference: str, domains: list[str], seeds: list[int] | None = None,
-              measure: str = "primary") -> tuple[dict[str, dict[int, float]], list[str]]:
+def pair_gaps(
+    study: Study, run: str, reference: str, domains: list[str], seeds: list[int] | None = None, measure: str = "primary"
+) -> tuple[dict[str, dict[int, float]], list[str]]:
     """Per domain, {seed: value of ``measure``} of ``run`` against ``reference`` (same seed), from the report's
     ``build_comparisons`` at the study's smoothing; and its notes (seeds without a gap, and why)."""
     pairs: list[tuple[RunCurves, RunCurves]] = []
@@ -75,10 +76,12 @@ def pair_gaps(study: Study, run: str, reference: str, domains: list[str], seeds:
         m = next((x for x in ms if x.name == name), None)
         if m is None:
             raise ConfigError(f"measure {measure!r}: study {study.name} has {', '.join(x.name for x in ms)}")
-        run_pairs = [(r, study.runs[(reference, seed)]) for (n, seed), r in sorted(study.runs.items(), key=lambda kv: kv[0][1])
-                     if n == run and (reference, seed) in study.runs and (seeds is None or seed in seeds)]
-        comps = measure_comparisons(run_pairs, m, design, domains, smooth) if m.name != "legacy" else \
-            build_comparisons(pairs, domains, smooth=smooth)
+        run_pairs = [
+            (r, study.runs[(reference, seed)])
+            for (n, seed), r in sorted(study.runs.items(), key=lambda kv: kv[0][1])
+            if n == run and (reference, seed) in study.runs and (seeds is None or seed in seeds)
+        ]
+        comps = measure_comparisons(run_pairs, m, design, domains, smooth) if m.name != "legacy" else build_comparisons(pairs, domains, smooth=smooth)
     else:
         comps = build_comparisons(pairs, domains, smooth=smooth)
     field = "per_seed"
@@ -132,16 +135,18 @@ def comparison_key(claim: Claim, study: Study, used: list[tuple[str, int]], doma
     """What a claim's comparison is made of, by record fingerprint: two claims with the same key test the same
     comparison twice (copies of the same runs under other names)."""
     role = {n: i for i, n in enumerate(claim.runs)}
-    return (claim.expect, claim.measure, tuple(domains),
-            tuple(sorted((role[n], study.fingerprints[(n, s)]) for n, s in used)))
+    return (claim.expect, claim.measure, tuple(domains), tuple(sorted((role[n], study.fingerprints[(n, s)]) for n, s in used)))
 
 
 def scale_of_run(run: Run) -> dict:
     """Parameters, training tokens and context of one run, from its resolved config."""
     cfg = run.info["config"]
-    return {"params": run.info["params"]["total"], "params_non_embedding": run.info["params"]["non_embedding"],
-            "train_tokens": cfg["train"]["steps"] * cfg["train"]["batch_size"] * cfg["data"]["seq_len"],
-            "context": cfg["data"]["seq_len"]}
+    return {
+        "params": run.info["params"]["total"],
+        "params_non_embedding": run.info["params"]["non_embedding"],
+        "train_tokens": cfg["train"]["steps"] * cfg["train"]["batch_size"] * cfg["data"]["seq_len"],
+        "context": cfg["data"]["seq_len"],
+    }
 
 
 def scale_of_config(root: Path, experiment: str, size: str, run: str) -> dict:
@@ -151,8 +156,13 @@ def scale_of_config(root: Path, experiment: str, size: str, run: str) -> dict:
 
     exp = load_experiment(root / "experiments" / "paper" / experiment, [f"size={size}"])
     rc = next(rc for rc in exp.run_configs() if rc.name.split("@")[0] == run)
-    return {"params": None, "params_non_embedding": None, "preset": rc.model.preset,
-            "train_tokens": rc.train.steps * rc.train.batch_size * rc.data.seq_len, "context": rc.data.seq_len}
+    return {
+        "params": None,
+        "params_non_embedding": None,
+        "preset": rc.model.preset,
+        "train_tokens": rc.train.steps * rc.train.batch_size * rc.data.seq_len,
+        "context": rc.data.seq_len,
+    }
 
 
 def provenance(studies: dict[str, Study]) -> list[dict]:
@@ -169,6 +179,5 @@ def provenance(studies: dict[str, Study]) -> list[dict]:
             src = r.info.get("reused_from")
             same = original.get(st.fingerprints[key])
             if src or (same and same != f"{st.name}/runs/{r.run_id}"):
-                out.append({"study": st.name, "run": r.run_id, "copy_of": same,
-                            "reused_from": src.get("run_dir") if isinstance(src, dict) else src})
+                out.append({"study": st.name, "run": r.run_id, "copy_of": same, "reused_from": src.get("run_dir") if isinstance(src, dict) else src})
     return out

@@ -44,11 +44,12 @@ def scale_text(s: dict | None) -> str:
 
 def scale_range(scales: list[dict]) -> str:
     """The scales of several rows in one phrase (ranges where they differ)."""
+
     def rng(key, fmt):
         vals = sorted({s[key] for s in scales if s.get(key)})
         return "-" if not vals else fmt(vals[0]) if len(vals) == 1 else f"{fmt(vals[0])}-{fmt(vals[-1])}"
-    return (f"{rng('params', _count)} parameters, {rng('train_tokens', _count)} training tokens, "
-            f"context {rng('context', str)}")
+
+    return f"{rng('params', _count)} parameters, {rng('train_tokens', _count)} training tokens, context {rng('context', str)}"
 
 
 def lean_text(r: dict) -> str:
@@ -111,22 +112,29 @@ def counts(card: dict) -> Counter:
 
 def scorecard_markdown(card: dict) -> str:
     c = counts(card)
-    lines = ["# Scorecard: the paper's claims at this scale", "", f"<!-- {GENERATED} -->", "",
-             f"Every claim of the paper (`experiments/paper/claims.toml`, {len(card['claims'])} claims) tested once, from the "
-             "archived records of the runs it names, with the reports' own matching (the primary OOD gap at matched "
-             "in-domain loss, paired by seed; a claim's gap is the mean over its held-out domains). One family: Holm "
-             f"over the m = {card['family_size']} claims testable at this scale, run or not (a claim not run yet counts "
-             f"with p = 1), at alpha = {card['alpha']:g}, separately for 'holds' and 'fails' verdicts. Equivalence margin: "
-             f"{card['margin']:g} nats/token. {card['margin_reason']}", "",
-             f"**{c[HOLDS]} hold, {c[FAILS]} fail, {c[UNDECIDED]} undecided, {c[NOT_RUN]} not run, {c[UNTESTABLE]} without "
-             "a study.** How to read a verdict: *holds*: the corrected test shows the paper's direction (or, for 'no "
-             "effect', TOST shows the gap inside the margin); *fails*: the corrected test shows the paper's effect below "
-             "the margin (for 'no effect': a gap beyond it); *undecided*: neither, with the sign the estimate leans to, "
-             f"the minimum detectable effect at {card['power']:.0%} power (for 'no effect': the smallest margin TOST could "
-             f"show) at level alpha/m, and the seeds that would decide it if the truth were the estimate "
-             "(docs/metrics.md, \"The scorecard\").", "",
-             "| claim | section | the paper | study | expects | estimate [95% CI] | corrected interval | seeds | p holds / fails (Holm) | verdict | scale |",
-             "|" + "---|" * 11]
+    lines = [
+        "# Scorecard: the paper's claims at this scale",
+        "",
+        f"<!-- {GENERATED} -->",
+        "",
+        f"Every claim of the paper (`experiments/paper/claims.toml`, {len(card['claims'])} claims) tested once, from the "
+        "archived records of the runs it names, with the reports' own matching (the primary OOD gap at matched "
+        "in-domain loss, paired by seed; a claim's gap is the mean over its held-out domains). One family: Holm "
+        f"over the m = {card['family_size']} claims testable at this scale, run or not (a claim not run yet counts "
+        f"with p = 1), at alpha = {card['alpha']:g}, separately for 'holds' and 'fails' verdicts. Equivalence margin: "
+        f"{card['margin']:g} nats/token. {card['margin_reason']}",
+        "",
+        f"**{c[HOLDS]} hold, {c[FAILS]} fail, {c[UNDECIDED]} undecided, {c[NOT_RUN]} not run, {c[UNTESTABLE]} without "
+        "a study.** How to read a verdict: *holds*: the corrected test shows the paper's direction (or, for 'no "
+        "effect', TOST shows the gap inside the margin); *fails*: the corrected test shows the paper's effect below "
+        "the margin (for 'no effect': a gap beyond it); *undecided*: neither, with the sign the estimate leans to, "
+        f"the minimum detectable effect at {card['power']:.0%} power (for 'no effect': the smallest margin TOST could "
+        f"show) at level alpha/m, and the seeds that would decide it if the truth were the estimate "
+        "(docs/metrics.md, \"The scorecard\").",
+        "",
+        "| claim | section | the paper | study | expects | estimate [95% CI] | corrected interval | seeds | p holds / fails (Holm) | verdict | scale |",
+        "|" + "---|" * 11,
+    ]
     for r in card["claims"]:
         t = r["test"] or {}
         dom = domain_text(r)
@@ -135,18 +143,27 @@ def scorecard_markdown(card: dict) -> str:
             b = r["before"]
             est += f"; before the comparison design ({_link(b['study'], b['results'])}): {_n(b['mean'])} {_ci(b['ci95'])}".rstrip()
         ph = f"{_p(t.get('p_holds_holm'))} / {_p(t.get('p_fails_holm'))}" if t.get("n", 0) >= 2 else "-"
-        lines.append(f"| `{r['id']}` | {r['section']} | {r['paper']} | {_link(r['study'], r['results'])} | {expects_text(r)} | "
-                     f"{est} | {_ci(t.get('ci_corrected')) or '-'} | {len(r['seeds']) or '-'} | {ph} | {verdict_text(r)} | "
-                     f"{scale_text(r['scale'])} |")
-    lines += ["", "Estimates are nats/token (a trend's: per doubling of x; an interaction's: limited-domain gap minus "
-              "mixed-domain gap); positive = worse out of distribution than the reference at the same in-domain loss. "
-              "The corrected interval is Bonferroni's at the family's first Holm step: two-sided 1 - alpha/m for a "
-              "direction, 1 - 2 alpha/m (the interval of TOST at alpha/m) for 'no effect'.", "",
-              "## Reused runs", "",
-              f"The studies publish {card['run_records']} run records of {card['distinct_runs']} distinct runs: "
-              f"{len(card['copies'])} records are copies (`--reuse`, identical records) of a run another study trained. "
-              "A copy is the same training, not a replication; a claim's row names the copies it uses.", "",
-              "| record | copy of |", "|---|---|"]
+        lines.append(
+            f"| `{r['id']}` | {r['section']} | {r['paper']} | {_link(r['study'], r['results'])} | {expects_text(r)} | "
+            f"{est} | {_ci(t.get('ci_corrected')) or '-'} | {len(r['seeds']) or '-'} | {ph} | {verdict_text(r)} | "
+            f"{scale_text(r['scale'])} |"
+        )
+    lines += [
+        "",
+        "Estimates are nats/token (a trend's: per doubling of x; an interaction's: limited-domain gap minus "
+        "mixed-domain gap); positive = worse out of distribution than the reference at the same in-domain loss. "
+        "The corrected interval is Bonferroni's at the family's first Holm step: two-sided 1 - alpha/m for a "
+        "direction, 1 - 2 alpha/m (the interval of TOST at alpha/m) for 'no effect'.",
+        "",
+        "## Reused runs",
+        "",
+        f"The studies publish {card['run_records']} run records of {card['distinct_runs']} distinct runs: "
+        f"{len(card['copies'])} records are copies (`--reuse`, identical records) of a run another study trained. "
+        "A copy is the same training, not a replication; a claim's row names the copies it uses.",
+        "",
+        "| record | copy of |",
+        "|---|---|",
+    ]
     lines += [f"| {c['study']}/{c['run']} | {c['copy_of'] or c['reused_from']} |" for c in card["copies"]]
     return "\n".join(lines) + "\n"
 
@@ -162,12 +179,15 @@ def _summaries(root: Path, card: dict) -> dict[str, dict]:
 def _study_line(name: str, s: dict, card: dict) -> str:
     runs = ", ".join(f"{r['name']} ({len(r['seeds'])} seeds, in-domain {r['in_domain_loss']:.3f})" for r in s["runs"])
     held = [c for c in s["comparisons"] if not c.get("in_domain_here")]
-    gaps = "; ".join(f"{c['run']} {c['domain']} {_n(c['mean_gap'])} {_ci(c['ci95'])} ({c['verdict'].split(' (')[0]})"
-                     for c in held if c["mean_gap"] is not None)
+    gaps = "; ".join(
+        f"{c['run']} {c['domain']} {_n(c['mean_gap'])} {_ci(c['ci95'])} ({c['verdict'].split(' (')[0]})" for c in held if c["mean_gap"] is not None
+    )
     copies = sum(c["study"] == name for c in card["copies"])
     reuse = f" {copies} of its {sum(len(r['seeds']) for r in s['runs'])} run records are copies of other studies' runs." if copies else ""
-    return (f"- [`results/{name}/`](results/{name}/README.md): {runs}. Held-out gaps against `{s['reference']}` at "
-            f"matched in-domain loss (the study's own Holm over {len(held)}): {gaps}.{reuse}")
+    return (
+        f"- [`results/{name}/`](results/{name}/README.md): {runs}. Held-out gaps against `{s['reference']}` at "
+        f"matched in-domain loss (the study's own Holm over {len(held)}): {gaps}.{reuse}"
+    )
 
 
 def readme_results(card: dict, root: Path) -> str:
@@ -175,21 +195,33 @@ def readme_results(card: dict, root: Path) -> str:
     c = counts(card)
     by = {v: [r for r in card["claims"] if r["verdict"] == v] for v in (HOLDS, FAILS, UNDECIDED)}
     scales = [r["scale"] for r in card["claims"] if r["test"] and r["scale"]]
-    lines = [README_MARKERS[0], f"<!-- {GENERATED} -->",
-             f"![In-domain vs OOD loss over training, architectures study at the small CPU size]({FIGURE})", "",
-             f"The paper's claims at this scale ({scale_range(scales)}), each tested once in one family of "
-             f"{card['family_size']} (Holm; equivalence margin {card['margin']:g} nats/token), from "
-             f"[`results/SCORECARD.md`](results/SCORECARD.md): **{c[HOLDS]} hold, {c[FAILS]} fail, {c[UNDECIDED]} "
-             f"undecided, {c[NOT_RUN]} not run** ({sum(r['verdict'] == NOT_RUN and 'GPU' in r['detail'] for r in card['claims'])} "
-             f"of them need the paper's GPU scale), {c[UNTESTABLE]} without a study.", ""]
+    lines = [
+        README_MARKERS[0],
+        f"<!-- {GENERATED} -->",
+        f"![In-domain vs OOD loss over training, architectures study at the small CPU size]({FIGURE})",
+        "",
+        f"The paper's claims at this scale ({scale_range(scales)}), each tested once in one family of "
+        f"{card['family_size']} (Holm; equivalence margin {card['margin']:g} nats/token), from "
+        f"[`results/SCORECARD.md`](results/SCORECARD.md): **{c[HOLDS]} hold, {c[FAILS]} fail, {c[UNDECIDED]} "
+        f"undecided, {c[NOT_RUN]} not run** ({sum(r['verdict'] == NOT_RUN and 'GPU' in r['detail'] for r in card['claims'])} "
+        f"of them need the paper's GPU scale), {c[UNTESTABLE]} without a study.",
+        "",
+    ]
     lines += ["| claim | the paper | study | estimate [95% CI] | seeds | verdict |", "|---|---|---|---|---|---|"]
     for r in [*by[HOLDS], *by[FAILS], *by[UNDECIDED]]:
         lean = f", {lean_text(r)}" if r["verdict"] == UNDECIDED and lean_text(r) else ""
-        lines.append(f"| `{r['id']}` | {r['paper']} | {_link(r['study'], r['results'], 'results/')} | {estimate_text(r)} | "
-                     f"{len(r['seeds'])} | {r['verdict']}{lean} |")
+        lines.append(
+            f"| `{r['id']}` | {r['paper']} | {_link(r['study'], r['results'], 'results/')} | {estimate_text(r)} | "
+            f"{len(r['seeds'])} | {r['verdict']}{lean} |"
+        )
     waiting = sorted({r["study"] for r in card["claims"] if r["verdict"] == NOT_RUN})
-    lines += ["", f"Not run yet: {', '.join(f'`{s}`' for s in waiting)} (their claims fill in when the results appear).",
-              "", "Each published study (numbers from its `summary.json`; its own report corrects within the study):", ""]
+    lines += [
+        "",
+        f"Not run yet: {', '.join(f'`{s}`' for s in waiting)} (their claims fill in when the results appear).",
+        "",
+        "Each published study (numbers from its `summary.json`; its own report corrects within the study):",
+        "",
+    ]
     lines += [_study_line(n, s, card) for n, s in _summaries(root, card).items()]
     lines.append(README_MARKERS[1])
     return "\n".join(lines)
@@ -201,9 +233,13 @@ def study_block(card: dict, study: str) -> str:
     copies = [c for c in card["copies"] if c["study"] == study]
     lines = [STUDY_MARKERS[0], f"<!-- {GENERATED} -->", "## In the scorecard", ""]
     if rows:
-        lines += ["Claims of the paper this study tests, with the project's verdict (one family over every claim, "
-                  "[`results/SCORECARD.md`](../SCORECARD.md)):", "",
-                  "| claim | the paper | estimate [95% CI] | seeds | verdict |", "|---|---|---|---|---|"]
+        lines += [
+            "Claims of the paper this study tests, with the project's verdict (one family over every claim, "
+            "[`results/SCORECARD.md`](../SCORECARD.md)):",
+            "",
+            "| claim | the paper | estimate [95% CI] | seeds | verdict |",
+            "|---|---|---|---|---|",
+        ]
         lines += [f"| `{r['id']}` | {r['paper']} | {estimate_text(r)} | {len(r['seeds'])} | {verdict_text(r)} |" for r in rows]
     else:
         lines.append("No claim of the paper is tested on this study's runs.")

@@ -39,8 +39,17 @@ def _design(claim) -> str:
 def claim_tests(claim, values: list[float], margin: float) -> dict:
     """Estimate, 95% interval and the two uncorrected tests of one claim's per-seed values."""
     t = paired_test(values)
-    out = {"n": t.n, "mean": t.mean, "sd": t.sd, "ci95": list(t.ci95) if t.ci95 else None, "p": t.p,
-           "margin": margin, "p_holds": 1.0, "p_fails": 1.0, "p_equivalence": None}
+    out = {
+        "n": t.n,
+        "mean": t.mean,
+        "sd": t.sd,
+        "ci95": list(t.ci95) if t.ci95 else None,
+        "p": t.p,
+        "margin": margin,
+        "p_holds": 1.0,
+        "p_fails": 1.0,
+        "p_equivalence": None,
+    }
     if t.n < 2:
         return out
     out["p_equivalence"] = eq.tost(values, margin)["p"]
@@ -78,8 +87,9 @@ def decide(rows: list[dict], alpha: float, power: float) -> int:
         t["ci_corrected"], t["ci_corrected_level"] = (list(ci) if ci else None), 1 - level / m
         if t["p_holds_holm"] < alpha:
             r["verdict"] = HOLDS
-            r["detail"] = (f"but within the margin (+/-{t['margin']:.3g}): a difference too small to matter"
-                           if claim.sign and t["p_fails_holm"] < alpha else "")
+            r["detail"] = (
+                f"but within the margin (+/-{t['margin']:.3g}): a difference too small to matter" if claim.sign and t["p_fails_holm"] < alpha else ""
+            )
         elif t["p_fails_holm"] < alpha:
             r["verdict"], r["detail"] = FAILS, ""
         else:
@@ -101,19 +111,24 @@ def _undecided(r: dict, claim, t: dict, a: float, power: float) -> None:
         return
     if s:
         t["mde"] = eq.mde(sd, n, a, power)
-        tests = {HOLDS: (lambda k: eq.power_two_sided(mean, sd, k, a)) if s * mean > 0 else None,
-                 FAILS: (lambda k: eq.power_one_sided(margin - s * mean, sd, k, a / 2)) if margin - s * mean > 0 else None}
+        tests = {
+            HOLDS: (lambda k: eq.power_two_sided(mean, sd, k, a)) if s * mean > 0 else None,
+            FAILS: (lambda k: eq.power_one_sided(margin - s * mean, sd, k, a / 2)) if margin - s * mean > 0 else None,
+        }
     else:
         t["mde"] = eq.equivalence_bound(sd, n, a, power)
-        tests = {HOLDS: (lambda k: eq.power_tost(mean, sd, k, margin, a)) if abs(mean) < margin else None,
-                 FAILS: (lambda k: eq.power_one_sided(abs(mean) - margin, sd, k, a / 2)) if abs(mean) > margin else None}
+        tests = {
+            HOLDS: (lambda k: eq.power_tost(mean, sd, k, margin, a)) if abs(mean) < margin else None,
+            FAILS: (lambda k: eq.power_one_sided(abs(mean) - margin, sd, k, a / 2)) if abs(mean) > margin else None,
+        }
     needed = {v: eq.seeds_needed(f, power) for v, f in tests.items() if f is not None}
     need = {v: k for v, k in needed.items() if k is not None}
     t["seeds_to_decide"], t["would_be"] = (min(need.values()), min(need, key=lambda v: need[v])) if need else (None, None)
     what = "MDE" if s else "provable margin"
-    decide_txt = (f"{t['seeds_to_decide']} seeds would decide it ({t['would_be']}) if the truth is the estimate"
-                  if need else f"more than {eq.MAX_SEEDS} seeds to decide it at this estimate")
-    direction = "" if not s or not t["lean"] else (
-        ", the paper's direction" if (mean > 0) == (s > 0) else ", against the paper")
+    decide_txt = (
+        f"{t['seeds_to_decide']} seeds would decide it ({t['would_be']}) if the truth is the estimate"
+        if need
+        else f"more than {eq.MAX_SEEDS} seeds to decide it at this estimate"
+    )
+    direction = "" if not s or not t["lean"] else (", the paper's direction" if (mean > 0) == (s > 0) else ", against the paper")
     r["detail"] = f"leans {t['lean']}{direction}; {what} {t['mde']:.3f} at {n} seeds; {decide_txt}"
-

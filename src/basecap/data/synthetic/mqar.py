@@ -107,7 +107,14 @@ def mqar(
     return MQARBatch(torch.from_numpy(inputs), torch.from_numpy(targets), keys, values, query_pos, k, seq_len)
 
 
-def mqar_mixture(settings: list[tuple[int, int]], num_examples: int, vocab_size: int = 256, power_a: float = 0.01,
-                 seed: int = 0, split: str = "train", random_non_queries: bool = True) -> list[MQARBatch]:
+def mqar_mixture(
+    settings: list[tuple[int, int]],
+    num_examples: int,
+    vocab_size: int = 256,
+    power_a: float = 0.01,
+    seed: int = 0,
+    split: str = "train",
+    random_non_queries: bool = True,
+) -> list[MQARBatch]:
     """One ``MQARBatch`` per (seq_len, num_kv_pairs) setting, ``num_examples`` each."""
     return [mqar(num_examples, T, K, vocab_size, power_a, random_non_queries, seed, split) for T, K in settings]

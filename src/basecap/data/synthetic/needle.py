@@ -16,10 +16,11 @@ from .words import ADJECTIVES, NOUNS
 
 NOISE = ("The grass is green.", "The sky is blue.", "The sun is yellow.", "Here we go.", "There and back again.")
 
-PASSKEY_PREFIX = ("There is an important info hidden inside a lot of irrelevant text. Find it and memorize it. "
-                  "I will quiz you about the important information there.")
-NIAH_PREFIX = ("Some special magic {kind} are hidden within the following text. Make sure to memorize it. "
-               "I will quiz you about the {kind} afterwards.")
+PASSKEY_PREFIX = (
+    "There is an important info hidden inside a lot of irrelevant text. Find it and memorize it. "
+    "I will quiz you about the important information there."
+)
+NIAH_PREFIX = "Some special magic {kind} are hidden within the following text. Make sure to memorize it. I will quiz you about the {kind} afterwards."
 VALUE_KINDS = {"number": "numbers", "word": "words", "uuid": "uuids"}
 
 
@@ -50,13 +51,16 @@ def niah_parts(rng: random.Random, value_kind: str = "number") -> tuple[str, str
         value = str(uuid.UUID(int=rng.getrandbits(128), version=4))
     kind = VALUE_KINDS[value_kind]
     needle = f"One of the special magic {kind} for {key} is: {value}."
-    question = f"What is the special magic {kind[:-1]} for {key} mentioned in the provided text? " \
-               f"The special magic {kind[:-1]} for {key} mentioned in the provided text is"
+    question = (
+        f"What is the special magic {kind[:-1]} for {key} mentioned in the provided text? "
+        f"The special magic {kind[:-1]} for {key} mentioned in the provided text is"
+    )
     return NIAH_PREFIX.format(kind=kind), needle, question, value
 
 
-def fill_prompt(encode: Callable[[str], list[int]], prefix: str, needle: str, question: str, sentences: Iterator[str],
-                length: int, depth: float) -> tuple[str, int, float]:
+def fill_prompt(
+    encode: Callable[[str], list[int]], prefix: str, needle: str, question: str, sentences: Iterator[str], length: int, depth: float
+) -> tuple[str, int, float]:
     """Fill a haystack so the whole prompt has about ``length`` tokens (never more), with the needle
     after ``depth`` (0..1) of the haystack sentences. Returns (prompt, tokens, actual depth)."""
     if not 0.0 <= depth <= 1.0:

@@ -50,5 +50,4 @@ def extraction_example(rng: random.Random, paragraphs: list[str], n_records: int
         blocks.insert(rng.randint(0, len(blocks)), record_text(e, a).rstrip("\n"))
     entity, attrs = recs[rng.randrange(n_records)]
     attr = rng.choice(list(attrs))
-    return {"context": "\n\n".join(blocks), "question": f"{entity} {attr}:", "answers": [attrs[attr]],
-            "entity": entity, "attribute": attr}
+    return {"context": "\n\n".join(blocks), "question": f"{entity} {attr}:", "answers": [attrs[attr]], "entity": entity, "attribute": attr}

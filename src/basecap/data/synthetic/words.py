@@ -25,6 +25,5 @@ CITIES = (
 COLORS = "red orange yellow green blue indigo violet black white grey brown pink teal maroon olive navy".split()
 
 FIRST_NAMES = (
-    "Ada Alan Bruno Clara Dora Elena Felix Grace Hugo Ines Jonas Karin Leo Mira Nora Oscar Paula Quinn Rosa Sven "
-    "Tara Umar Vera Walt Xenia Yusuf Zoe"
+    "Ada Alan Bruno Clara Dora Elena Felix Grace Hugo Ines Jonas Karin Leo Mira Nora Oscar Paula Quinn Rosa Sven Tara Umar Vera Walt Xenia Yusuf Zoe"
 ).split()

@@ -23,6 +23,7 @@ def run_delta_rule(impl: str, q, k, v, beta, g, state: State | None, chunk_size:
         return delta_rule_recurrent(q, k, v, beta, g, state=S0)
     if impl == "fast":
         from ...kernels.fla import delta_rule
+
         return delta_rule(q, k, v, beta, g, state=S0)
     return delta_rule_chunked(q, k, v, beta, g, state=S0, chunk_size=chunk_size)
 

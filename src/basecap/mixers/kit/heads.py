@@ -14,8 +14,12 @@ def n_heads_for(d_model: int, head_dim: int, n_heads: int | None = None) -> int:
 def qkvo_projections(d_model: int, n_heads: int, head_dim: int) -> tuple[nn.Linear, nn.Linear, nn.Linear, nn.Linear]:
     """Bias-free q, k, v (d_model -> H * D) and o (H * D -> d_model) projections, created in that order."""
     inner = n_heads * head_dim
-    return (nn.Linear(d_model, inner, bias=False), nn.Linear(d_model, inner, bias=False),
-            nn.Linear(d_model, inner, bias=False), nn.Linear(inner, d_model, bias=False))
+    return (
+        nn.Linear(d_model, inner, bias=False),
+        nn.Linear(d_model, inner, bias=False),
+        nn.Linear(d_model, inner, bias=False),
+        nn.Linear(inner, d_model, bias=False),
+    )
 
 
 def split_heads(x: torch.Tensor, projections, n_heads: int, head_dim: int) -> list[torch.Tensor]:

@@ -16,7 +16,7 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     # x [B, H, T, D]; rotate-half convention
     x1, x2 = x.chunk(2, dim=-1)
     rot = torch.cat([-x2, x1], dim=-1)
-    return (x * cos.to(x.dtype) + rot * sin.to(x.dtype))
+    return x * cos.to(x.dtype) + rot * sin.to(x.dtype)
 
 
 def rope_qk(q: torch.Tensor, k: torch.Tensor, offset: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:

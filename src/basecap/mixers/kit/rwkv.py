@@ -64,6 +64,7 @@ def run_wkv6(impl: str, r, k, v, log_w, u, S0, chunk_size: int) -> tuple[torch.T
         return wkv6_recurrent(r, k, v, log_w, u, S0)
     if impl == "fast":
         from ...kernels.fla import wkv6
+
         return wkv6(r, k, v, log_w, u, S0)
     return wkv6_chunked(r, k, v, log_w, u, S0, chunk_size=chunk_size)
 
@@ -74,6 +75,7 @@ def run_wkv7(impl: str, r, log_w, k, v, a, b, S0, chunk_size: int) -> tuple[torc
         return wkv7_recurrent(r, log_w, k, v, a, b, S0)
     if impl == "fast":
         from ...kernels.fla import wkv7
+
         return wkv7(r, log_w, k, v, a, b, S0)
     return wkv7_chunked(r, log_w, k, v, a, b, S0, chunk_size=chunk_size)
 

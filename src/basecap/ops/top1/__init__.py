@@ -21,7 +21,20 @@ from .selection import approx_select, candidate_lse, exact_select
 from .tile import attend_selected, tile_attention
 
 __all__ = [
-    "NEG_INF", "SEL_DTYPE", "ChunkSettings", "TileKernel", "append_time", "approx_attention", "approx_select",
-    "attend_selected", "candidate_lse", "chunk_ref", "element_ref", "exact_select", "merge_softmax", "st_gate",
-    "tile_attention", "top1_element",
+    "NEG_INF",
+    "SEL_DTYPE",
+    "ChunkSettings",
+    "TileKernel",
+    "append_time",
+    "approx_attention",
+    "approx_select",
+    "attend_selected",
+    "candidate_lse",
+    "chunk_ref",
+    "element_ref",
+    "exact_select",
+    "merge_softmax",
+    "st_gate",
+    "tile_attention",
+    "top1_element",
 ]

@@ -18,9 +18,14 @@ def append_time(cache: Tensor, new: Tensor) -> Tensor:
     if torch.is_grad_enabled() and (cache.requires_grad or new.requires_grad):
         return torch.cat([cache, new], dim=2)
     base = cache._base
-    if (base is not None and getattr(base, "_top1_filled", -1) == n and base.shape[2] >= n + m
-            and base.dtype == new.dtype and base[:, :, :n].stride() == cache.stride()
-            and base.data_ptr() == cache.data_ptr()):
+    if (
+        base is not None
+        and getattr(base, "_top1_filled", -1) == n
+        and base.shape[2] >= n + m
+        and base.dtype == new.dtype
+        and base[:, :, :n].stride() == cache.stride()
+        and base.data_ptr() == cache.data_ptr()
+    ):
         base[:, :, n : n + m] = new
         base._top1_filled = n + m  # type: ignore[attr-defined]  # a mark on the buffer tensor: how much of it is filled
         return base[:, :, : n + m]

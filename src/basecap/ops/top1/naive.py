@@ -24,8 +24,9 @@ def element_ref(q: Tensor, k: Tensor, v: Tensor, q_pos: Tensor, scale: float, es
     return (p_sel / p_sel.detach()) * v_sel
 
 
-def chunk_ref(q: Tensor, k: Tensor, v: Tensor, q_pos: Tensor, scale: float, chunk_len: int, *, selection: str,
-              own_chunk: str, selector_grad: str) -> Tensor:
+def chunk_ref(
+    q: Tensor, k: Tensor, v: Tensor, q_pos: Tensor, scale: float, chunk_len: int, *, selection: str, own_chunk: str, selector_grad: str
+) -> Tensor:
     """Top-1 Chunk: builds the [Tq, n_chunks, Tk] membership mask and every score explicitly."""
     C, Tk = chunk_len, k.shape[2]
     n_chunks = -(-Tk // C)

@@ -38,8 +38,9 @@ def _chunk_aligned_blocks(offset: int, Tq: int, C: int, R: int) -> list[tuple[in
     return out
 
 
-def _within_chunk_cumsum(x: Tensor, offset: int, C: int, carry: Tensor | None = None, reverse: bool = False,
-                         dtype: torch.dtype | None = None) -> Tensor:
+def _within_chunk_cumsum(
+    x: Tensor, offset: int, C: int, carry: Tensor | None = None, reverse: bool = False, dtype: torch.dtype | None = None
+) -> Tensor:
     """Cumulative sums of ``x [B, H, b, D]`` (positions offset..offset+b-1) restarting at every chunk;
     ``carry [B, H, D]`` is the sum of the first chunk's earlier positions. ``reverse``: suffix sums."""
     B, H, b, D = x.shape
@@ -96,8 +97,7 @@ def approx_forward(q: Tensor, k: Tensor, prev_sums: Tensor | None, q_pos: Tensor
     return ApproxPick(sel, sums, carry)
 
 
-def approx_backward(q: Tensor, k: Tensor, q_pos: Tensor, pick: ApproxPick, g: Tensor, cfg: ChunkSettings,
-                    dq: Tensor, dk: Tensor) -> None:
+def approx_backward(q: Tensor, k: Tensor, q_pos: Tensor, pick: ApproxPick, g: Tensor, cfg: ChunkSettings, dq: Tensor, dk: Tensor) -> None:
     """Adds the gradient of sum_t g_t log P_t,sel (P = softmax of a over the candidates) to dq, dk."""
     C, scale, sums, sel = cfg.chunk_len, cfg.scale, pick.sums, pick.sel
     cand_own = cfg.own_chunk == "candidate"

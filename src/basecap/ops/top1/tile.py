@@ -165,8 +165,9 @@ def tile_forward(queries: QueryRows, k: Tensor, v: Tensor, layout: TileLayout, s
     return o, lse
 
 
-def tile_backward(queries: QueryRows, k: Tensor, v: Tensor, layout: TileLayout, scale: float, do: Tensor,
-                  dlse: Tensor | None, want_dgate: bool) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+def tile_backward(
+    queries: QueryRows, k: Tensor, v: Tensor, layout: TileLayout, scale: float, do: Tensor, dlse: Tensor | None, want_dgate: bool
+) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
     """Recomputes the [Q, C] probabilities per tile batch (nothing [T, D]-sized is kept from the
     forward but the inputs; dO . o = sum_i p_i dO . v_i needs no output). Returns dq (rows), dk, dv
     and, if asked, dgate_t = dO_t . o_t (the gradient of a straight-through factor of value 1 on the
@@ -241,8 +242,9 @@ def tile_attention(qt: Tensor, kt: Tensor, vt: Tensor, mask: Tensor, scale: floa
     return torch.bmm(torch.softmax(s, dim=-1), vt), lse
 
 
-def attend_selected(q: Tensor, k: Tensor, v: Tensor, sel: Tensor, q_pos: Tensor, cfg: ChunkSettings,
-                    need_lse: bool = True, gate: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+def attend_selected(
+    q: Tensor, k: Tensor, v: Tensor, sel: Tensor, q_pos: Tensor, cfg: ChunkSettings, need_lse: bool = True, gate: Tensor | None = None
+) -> tuple[Tensor, Tensor | None]:
     """Causal softmax attention of each query inside one chunk, ``sel [B, H, Tq]`` (-1 = none: output 0,
     lse -inf), in tiles of ``cfg.tile_rows`` queries.
 
