@@ -69,3 +69,20 @@ def test_a_missing_reuse_folder_is_a_clear_error(tiny_recipe_path, tmp_path):
 
     with pytest.raises(ConfigError, match="--reuse .*nope: no such folder"):
         run_experiment(write_exp(tmp_path, tiny_recipe_path), log=lambda *_: None, reuse=[tmp_path / "nope"])
+
+
+def test_a_run_recorded_before_an_option_existed_is_still_the_same_run():
+    """A config field added after a run trained takes its default, which is what the run did: the stored config
+    (without the field) and today's (with it at its default) are the same run; a non-default value is another."""
+    from basecap.config import validate_run
+    from basecap.reuse import _key
+
+    cfg = json.loads(validate_run({"name": "a", "seed": 0, "model": {"d_model": 32, "n_layers": 2}}).model_dump_json())
+    old = json.loads(json.dumps(cfg))
+    del old["seed_offset"]
+    for k in ("schedule", "decay_fraction", "decay_shape", "cooldowns", "cooldown_fraction", "keep_cooldown_weights"):
+        del old["train"][k]
+    del old["eval"]["seen_min_count"]
+    assert _key(old) == _key(cfg)
+    assert _key(dict(cfg, seed_offset=5)) != _key(cfg)
+    assert _key(dict(cfg, name="b")) == _key(cfg)

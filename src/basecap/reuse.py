@@ -22,6 +22,14 @@ LABELS = ("name",)  # config keys that only label a run
 
 
 def _key(config: dict) -> str:
+    """The config as today's code reads it (a field added since the run trained takes its default, which is what
+    that run did: a new option never changes what its default does), without its labels."""
+    from .config import RunConfig
+
+    try:
+        config = json.loads(RunConfig.model_validate(config).model_dump_json())
+    except ValueError:  # a config today's code no longer accepts: compared as stored (it matches nothing valid)
+        pass
     return json.dumps({k: v for k, v in config.items() if k not in LABELS}, sort_keys=True)
 
 
