@@ -208,3 +208,72 @@ def test_the_fused_head_is_chunked_by_default(monkeypatch):
     assert seen == [256]  # 3000 tokens in chunks of 256 (8 MiB of fp32 logits), not one chunk of all of them
     want = torch.nn.functional.cross_entropy(h.detach() @ w.detach().T, t)
     assert loss.item() == pytest.approx(want.item(), rel=1e-5)
+
+
+# ---- survivors of the mutation run (docs/testing.md) that changed behaviour --------------------------------------
+def test_reuse_without_a_source_copies_nothing(tmp_path):
+    from basecap.reuse import reuse_run
+
+    assert reuse_run({"name": "a", "train": {"steps": 1}}, "a-s0", tmp_path / "a-s0", []) is False
+    assert not (tmp_path / "a-s0").exists()
+
+
+def test_a_missing_run_folder_does_not_end_the_check_of_the_others(tmp_path):
+    from basecap.config import load_experiment
+    from basecap.sweep import check_trained_at_choice
+
+    exp = load_experiment(write_exp(tmp_path, extra=TUNE))
+    compared = exp.resolve(exp.comparison_configs({"tpp": {"train.lr": 0.002}, "abs": {"train.lr": 0.002}}))
+    abs_rc = next(rc for rc in compared if rc.name == "abs")
+    old = json.loads(abs_rc.model_copy(update={"train": abs_rc.train.model_copy(update={"lr": 0.001})}).model_dump_json())
+    (tmp_path / "out" / abs_rc.run_id).mkdir(parents=True)
+    (tmp_path / "out" / abs_rc.run_id / "run.json").write_text(json.dumps({"config": old}))
+    from basecap.config_base import ConfigError
+
+    tpp_first = sorted(compared, key=lambda rc: rc.name != "tpp")  # tpp (not trained) before abs
+    with pytest.raises(ConfigError, match="abs-s0: trained with train.lr=0.001"):
+        check_trained_at_choice(tmp_path / "out", tpp_first, ["train.lr"])
+
+
+def test_fixed_values_pair_whatever_the_key_order_and_a_missing_point_gives_none(tmp_path):
+    from basecap.report.sweep import fixed_vs_tuned
+
+    offsets = {"ref@a": 0.0, "ref@b": 0.5, "ssm@a": 0.3}  # ssm@b was never kept
+    for name, off in offsets.items():
+        fake_run(tmp_path, name, 100, off)
+    a, b = {"train.lr": 1, "train.weight_decay": 0}, {"train.lr": 2, "train.weight_decay": 0}
+    swapped = lambda v: dict(reversed(list(v.items())))  # noqa: E731 - the same values, keys in the other order
+    tuning = {"seeds": [100], "runs": {
+        "ref": {"tried": [{"name": "ref@a", "values": a}, {"name": "ref@b", "values": b}], "chosen": a, "chosen_name": "ref@a"},
+        "ssm": {"tried": [{"name": "ssm@a", "values": swapped(a)}, {"name": "ssm@b", "values": swapped(b)}], "chosen": swapped(b),
+                "chosen_name": "ssm@b"}}}
+    [row] = fixed_vs_tuned(tuning, tmp_path, "ref")
+    assert row["fixed"] == {"train.weight_decay=0, train.lr=1": pytest.approx(0.3), "train.weight_decay=0, train.lr=2": None}
+    assert row["tuned"] is None
+
+
+def test_a_diverged_tuning_run_is_stored_as_none(tmp_path):
+    from basecap.config import load_experiment
+    from basecap.sweep import TUNING_FILE, tune
+
+    exp = load_experiment(write_exp(tmp_path, extra=TUNE))
+    tune(exp, exp.resolve(), tmp_path / "out", lambda rc, d: fake_record(math.nan if rc.train.lr == 0.004 else rc.train.lr * 100, 0.0),
+         log=lambda *_: None)
+    tried = json.loads((tmp_path / "out" / TUNING_FILE).read_text())["runs"]["tpp"]["tried"]
+    assert tried[2]["losses"] == {"100": None} and tried[2]["mean"] is None
+
+
+def test_a_choice_on_the_wrong_split_names_that_split():
+    from basecap.config_base import ConfigError
+    from basecap.sweep import validation_loss
+
+    with pytest.raises(ConfigError, match="run-s1: its final evaluation is on the 'test' split"):
+        validation_loss({"split": "test", "in_domain_loss": 1.0}, "run-s1")
+
+
+def test_one_seed_has_no_simultaneous_interval_and_the_bootstrap_is_seeded():
+    from basecap.report.stats import eval_noise, simultaneous_ci
+
+    assert simultaneous_ci(1, 0.1, 0.05, 3) is None and simultaneous_ci(2, 0.1, 0.05, 3) is not None
+    w = np.random.default_rng(3).normal(4.0, 0.5, 64)
+    assert eval_noise(w) == eval_noise(w)  # the same windows, the same interval: a fixed seed, not fresh entropy
