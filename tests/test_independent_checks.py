@@ -277,3 +277,16 @@ def test_one_seed_has_no_simultaneous_interval_and_the_bootstrap_is_seeded():
     assert simultaneous_ci(1, 0.1, 0.05, 3) is None and simultaneous_ci(2, 0.1, 0.05, 3) is not None
     w = np.random.default_rng(3).normal(4.0, 0.5, 64)
     assert eval_noise(w) == eval_noise(w)  # the same windows, the same interval: a fixed seed, not fresh entropy
+
+
+def test_a_run_trained_at_the_chosen_value_passes_the_check_and_missing_keys_read_as_none(tmp_path):
+    from basecap.config import load_experiment
+    from basecap.sweep import _get, check_trained_at_choice
+
+    exp = load_experiment(write_exp(tmp_path, extra=TUNE))
+    compared = exp.resolve(exp.comparison_configs({"tpp": {"train.lr": 0.002}, "abs": {"train.lr": 0.002}}))
+    for rc in compared:
+        (tmp_path / "out" / rc.run_id).mkdir(parents=True)
+        (tmp_path / "out" / rc.run_id / "run.json").write_text(json.dumps({"config": json.loads(rc.model_dump_json())}))
+    check_trained_at_choice(tmp_path / "out", compared, ["train.lr"])  # trained at the chosen value: nothing to refuse
+    assert _get({"model": None}, "model.mixer.window") is None and _get({"a": {"b": 3}}, "a.b") == 3
