@@ -290,3 +290,30 @@ def test_a_run_trained_at_the_chosen_value_passes_the_check_and_missing_keys_rea
         (tmp_path / "out" / rc.run_id / "run.json").write_text(json.dumps({"config": json.loads(rc.model_dump_json())}))
     check_trained_at_choice(tmp_path / "out", compared, ["train.lr"])  # trained at the chosen value: nothing to refuse
     assert _get({"model": None}, "model.mixer.window") is None and _get({"a": {"b": 3}}, "a.b") == 3
+
+
+def test_which_noise_dominates_and_a_domain_only_one_side_has():
+    from basecap.report.stats import dominant_noise
+
+    assert dominant_noise(0.2, 0.1) == "seeds" and dominant_noise(0.1, 0.2) == "evaluation" and dominant_noise(0.1, 0.1) == "seeds"
+    assert dominant_noise(None, 0.1) is None and dominant_noise(0.1, None) is None
+    x = np.linspace(5.0, 3.0, 8)
+    pairs = [(RunCurves("run", s, x, {"code": x + 1.1}), RunCurves("ref", s, x, {"code": x + 1.0, "docs": x + 2.0})) for s in (0, 1)]
+    assert [c["domain"] for c in build_comparisons(pairs, ["code", "docs"])] == ["code"]  # docs: the run has none
+
+
+def test_a_reused_run_leaves_the_lock_and_temporaries_behind(tmp_path):
+    from basecap.reuse import reuse_run
+
+    src = tmp_path / "study" / "old-s0"
+    src.mkdir(parents=True)
+    config = {"name": "old", "seed": 0, "train": {"steps": 2}}
+    (src / "run.json").write_text(json.dumps({"run_id": "old-s0", "config": config}))
+    (src / "done.json").write_text(json.dumps({"steps": 2, "final": {}}))
+    (src / "run.lock").write_text("123\n")
+    (src / "metrics.jsonl.tmp").write_text("partial")
+    assert reuse_run(dict(config, name="new"), "new-s0", tmp_path / "new-s0", [tmp_path / "study"], log=lambda *_: None) is True
+    assert sorted(p.name for p in (tmp_path / "new-s0").iterdir()) == ["done.json", "run.json"]
+    assert json.loads((tmp_path / "new-s0" / "run.json").read_text())["run_id"] == "new-s0"
+    assert reuse_run(dict(config, name="new", seed=1), "new-s1", tmp_path / "new-s1", [tmp_path / "study"]) is False  # no match
+    assert not (tmp_path / "new-s1").exists()
