@@ -96,11 +96,11 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 LAYERS = [
     ["config_base", "atomic", "ops", "kernels", "distributed", "presets"],
     ["data", "mixers", "tracking"],
-    ["model", "matching", "config", "config_sections"],
+    ["model", "matching", "config", "config_run", "config_sections"],
     ["rundir", "checkpoint", "peak"],
     ["train", "cooldown", "eval", "report", "reuse", "compile"],
     ["experiment", "bench", "hf", "catalog", "plan", "sweep", "tune", "scorecard"],
-    ["cli", "__main__", "lm_eval_plugin"],
+    ["cli", "cli_parse", "cli_study", "cli_tools", "__main__", "lm_eval_plugin"],
 ]
 
 

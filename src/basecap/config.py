@@ -4,7 +4,7 @@ An experiment file (TOML) holds a *base* run (``[data]``, ``[model]``, ``[train]
 ``[[runs]]`` that each override parts of the base, the seeds to repeat every run with, and optionally a
 ``[sweep]`` (config key -> values: every run is repeated at every combination) and a ``tune`` table
 (choose each run's value of some swept keys on tuning seeds, then compare at it; docs/experiments.md).
-``run_configs`` turns it into validated ``RunConfig`` objects (validation builds nothing);
+``run_configs`` turns it into validated ``RunConfig`` objects (``config_run``; validation builds nothing);
 ``resolve`` then applies the explicit resolve step (parameter matching) to each, giving the configs
 that are trained, planned and written to ``run.json``.
 """
@@ -13,61 +13,64 @@ from __future__ import annotations
 
 import itertools
 import tomllib
-import types
 from pathlib import Path
-from typing import Any, Union, get_args, get_origin
+from typing import Any
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 
-from .config_base import (ConfigError, apply_size_sweep, Strict, check_name, deep_merge, flatten_keys, format_validation_error, key_labels, name_problem,
-                          parse_override, run_name_problem, set_key, sweep_name, valid_name, value_label)
+from .config_base import (
+    ConfigError,
+    apply_size_sweep,
+    Strict,
+    check_name,
+    deep_merge,
+    flatten_keys,
+    format_validation_error,
+    key_labels,
+    name_problem,
+    parse_override,
+    set_key,
+    sweep_name,
+    valid_name,
+    value_label,
+)
+from .config_run import _SECTIONS, RunConfig, _validate_point, check_run_key, validate_run
+from .config_sections import (
+    MAX_BATCH,
+    MAX_D_MODEL,
+    MAX_LAYERS,
+    MAX_SEQ_LEN,
+    MAX_STEPS,
+    CompareConfig,
+    DataConfig,
+    EvalConfig,
+    TrainConfig,
+)
 from .matching import resolve as resolve_config
-from .model import ModelConfig
 
-from .config_sections import (MAX_BATCH, MAX_D_MODEL, MAX_LAYERS, MAX_SEQ_LEN, MAX_STEPS, CompareConfig, DataConfig,  # noqa: F401 (re-exported)
-                              EvalConfig, TrainConfig)
-
-
-class RunConfig(Strict):
-    name: str
-    seed: int = 0
-    seed_offset: int = Field(0, ge=0, description="added to the seed for initialisation and data order (the run keeps its seed "
-                             "for pairing): a twin of another run under other random draws, the null check of a comparison")
-    data: DataConfig = Field(default_factory=DataConfig)
-    model: ModelConfig = Field(default_factory=ModelConfig)
-    train: TrainConfig = Field(default_factory=TrainConfig)
-    eval: EvalConfig = Field(default_factory=EvalConfig)
-
-    @field_validator("name")
-    @classmethod
-    def _name(cls, v):
-        problem = run_name_problem(v)
-        if problem:
-            raise ValueError(problem)
-        return v
-
-    @model_validator(mode="after")
-    def _check(self):
-        if self.data.seq_len > self.model.max_seq_len:
-            raise ValueError(f"data.seq_len={self.data.seq_len} exceeds model.max_seq_len={self.model.max_seq_len}")
-        m = self.model
-        for key, value, most in (("d_model", m.d_model, MAX_D_MODEL), ("n_layers", m.n_layers, MAX_LAYERS),
-                                 ("max_seq_len", m.max_seq_len, MAX_SEQ_LEN)):
-            if value > most:
-                raise ValueError(f"model.{key}={value} is over {most} (a typo?)")
-        return self
-
-    @property
-    def train_seed(self) -> int:
-        """The seed of initialisation and data order."""
-        return self.seed + self.seed_offset
-
-    @property
-    def run_id(self) -> str:
-        return f"{self.name}-s{self.seed}"
-
-
-_SECTIONS = ("data", "model", "train", "eval")
+# the run's config (config_run, config_sections) and the key helpers of config_base are imported from here too
+__all__ = [
+    "MAX_BATCH",
+    "MAX_D_MODEL",
+    "MAX_LAYERS",
+    "MAX_SEQ_LEN",
+    "MAX_STEPS",
+    "CompareConfig",
+    "DataConfig",
+    "EvalConfig",
+    "ExperimentConfig",
+    "RunConfig",
+    "SpeedConfig",
+    "TrainConfig",
+    "TuneConfig",
+    "apply_overrides",
+    "check_run_key",
+    "key_labels",
+    "load_experiment",
+    "parse_override",
+    "validate_run",
+    "value_label",
+]
 
 
 class SpeedConfig(Strict):
@@ -86,8 +89,10 @@ class TuneConfig(Strict):
     @model_validator(mode="after")
     def _check(self):
         if self.metric != "in_domain_loss":
-            raise ValueError(f"metric {self.metric!r}: only 'in_domain_loss' (the final in-domain loss on the validation split) may "
-                             "choose a value; the OOD domains are the study's test set, and choosing on them would leak the answer")
+            raise ValueError(
+                f"metric {self.metric!r}: only 'in_domain_loss' (the final in-domain loss on the validation split) may "
+                "choose a value; the OOD domains are the study's test set, and choosing on them would leak the answer"
+            )
         if len(set(self.keys)) != len(self.keys) or len(set(self.seeds)) != len(self.seeds):
             raise ValueError(f"repeated keys or seeds: keys={self.keys}, seeds={self.seeds}")
         return self
@@ -100,26 +105,39 @@ class ExperimentConfig(Strict):
     seeds: list[int] = Field(default_factory=lambda: [0], min_length=1)
     reference: str | None = Field(None, description="run name the report compares every other run against")
     size: str | None = Field(None, description="which [sizes.<name>] table to apply to the base (e.g. tiny, 110m, 1.3b)")
-    sizes: dict[str, dict[str, Any]] = Field(default_factory=dict, description="named overrides of the base sections, chosen by size; "
-                                             "sizes.<s>.runs.<run> overrides one run at that size")
-    suites: list[dict[str, Any]] = Field(default_factory=list, description="evaluation suites run on every trained run: "
-                                         "[[suites]] suite = 'mqar' plus that suite's options")
+    sizes: dict[str, dict[str, Any]] = Field(
+        default_factory=dict, description="named overrides of the base sections, chosen by size; sizes.<s>.runs.<run> overrides one run at that size"
+    )
+    suites: list[dict[str, Any]] = Field(
+        default_factory=list, description="evaluation suites run on every trained run: [[suites]] suite = 'mqar' plus that suite's options"
+    )
     speed: SpeedConfig | None = Field(None, description="also benchmark the runs' mixers against sequence length for the report")
-    sweep: dict[str, Any] = Field(default_factory=dict, description="config key (as --set spells it, e.g. train.lr) -> list of values: "
-                                  "every run is repeated at every combination, named after its values")
-    tune: TuneConfig | None = Field(None, description="tune = { keys, seeds, metric }: choose each run's value of swept keys on "
-                                    "tuning seeds (in-domain validation loss), then compare at the chosen values; "
-                                    "tune = false (--set tune=false) turns it off, e.g. for a shared-value control")
-    compare: CompareConfig | None = Field(None, description="[compare]: the study's comparison design, fixed before results "
-                                          "(band, match_domains, targets, points; docs/metrics.md); absent: the lowest 30% "
-                                          "of each pair's common range, every target, the evaluations")
+    sweep: dict[str, Any] = Field(
+        default_factory=dict,
+        description="config key (as --set spells it, e.g. train.lr) -> list of values: "
+        "every run is repeated at every combination, named after its values",
+    )
+    tune: TuneConfig | None = Field(
+        None,
+        description="tune = { keys, seeds, metric }: choose each run's value of swept keys on "
+        "tuning seeds (in-domain validation loss), then compare at the chosen values; "
+        "tune = false (--set tune=false) turns it off, e.g. for a shared-value control",
+    )
+    compare: CompareConfig | None = Field(
+        None,
+        description="[compare]: the study's comparison design, fixed before results "
+        "(band, match_domains, targets, points; docs/metrics.md); absent: the lowest 30% "
+        "of each pair's common range, every target, the evaluations",
+    )
     data: dict[str, Any] = Field(default_factory=dict)
     model: dict[str, Any] = Field(default_factory=dict)
     train: dict[str, Any] = Field(default_factory=dict)
     eval: dict[str, Any] = Field(default_factory=dict)
     runs: list[dict[str, Any]] = Field(default_factory=list)
-    overrides: dict[str, Any] = Field(default_factory=dict, description="run config key -> value set on the command line "
-                                      "(--set train.steps=50): applied to every run last, over the size table")
+    overrides: dict[str, Any] = Field(
+        default_factory=dict,
+        description="run config key -> value set on the command line (--set train.steps=50): applied to every run last, over the size table",
+    )
 
     @field_validator("sweep", mode="before")
     @classmethod
@@ -231,9 +249,11 @@ class ExperimentConfig(Strict):
             return {}
         labels = key_labels(list(self.sweep))
         fixed = [k for k in self.sweep if k not in self.tune.keys]
-        return {sweep_name(base, point, labels): [(tuned, sweep_name(base, {**point, **tuned}, labels))
-                                                  for tuned in self._points(self.tune.keys)]
-                for _, base, _ in self._bases() for point in self._points(fixed)}
+        return {
+            sweep_name(base, point, labels): [(tuned, sweep_name(base, {**point, **tuned}, labels)) for tuned in self._points(self.tune.keys)]
+            for _, base, _ in self._bases()
+            for point in self._points(fixed)
+        }
 
     def comparison_configs(self, chosen: dict[str, dict[str, Any]]) -> list[RunConfig]:
         """A tune experiment's comparison runs named in ``chosen`` (comparison run name -> {tuned key: value}),
@@ -255,8 +275,7 @@ class ExperimentConfig(Strict):
         for i, spec in enumerate(self.runs or [{"name": self.name}]):
             extra = set(spec) - {"name", "seed_offset", *_SECTIONS}
             if extra:
-                raise ConfigError(f"runs[{i}] ({spec['name']}): unknown key(s) {sorted(extra)}; allowed: name, seed_offset, "
-                                  f"{', '.join(_SECTIONS)}")
+                raise ConfigError(f"runs[{i}] ({spec['name']}): unknown key(s) {sorted(extra)}; allowed: name, seed_offset, {', '.join(_SECTIONS)}")
             merged = deep_merge(base, {k: v for k, v in spec.items() if k in (*_SECTIONS, "seed_offset")})
             merged = deep_merge(merged, size.get("runs", {}).get(spec["name"], {}))
             for key, value in self.overrides.items():  # --set: last, over the size table; a table given is replaced
@@ -271,49 +290,16 @@ class ExperimentConfig(Strict):
         """Every seed x run x point of ``keys``, validated, named after its point; with ``chosen``, only the
         names it holds, each with its chosen values on top (values that do not name the run)."""
         labels = key_labels(list(self.sweep))
-        named = [(prefix, sweep_name(name, point, labels), sections, point)
-                 for prefix, name, sections in self._bases() for point in self._points(keys)]
+        named = [
+            (prefix, sweep_name(name, point, labels), sections, point) for prefix, name, sections in self._bases() for point in self._points(keys)
+        ]
         # seed-major: every architecture of seed 0 first, so an interrupted study already has complete pairs
-        return [_validate_point(sections, name, seed, {**point, **(chosen or {}).get(name, {})}, prefix)
-                for seed in seeds for prefix, name, sections, point in named if chosen is None or name in chosen]
-
-
-def _validate_point(sections: dict, name: str, seed: int, values: dict[str, Any], prefix: str) -> RunConfig:
-    """One run at one sweep point; a swept key that matches no field of the run is named as such."""
-    data = {"name": name, "seed": seed, **sections}
-    for key, value in values.items():
-        data = set_key(data, key, value)
-    try:
-        return validate_run(data, prefix=f"{prefix} ({name})")
-    except ConfigError:
-        base = name.split("@")[0]
-        try:  # the run without its sweep values: if valid, it tells whether a swept key exists at all
-            plain = RunConfig.model_validate({"name": base, "seed": seed, **sections})
-        except (ValidationError, ConfigError):
-            plain = None  # invalid apart from the sweep: the error being raised names the key
-        unknown = [k for k in values if plain is not None and not _has_field(plain, k.split("."))]
-        if unknown:
-            raise ConfigError(f"sweep: {unknown[0]!r} matches no config field of {prefix} ({base})") from None
-        raise
-
-
-def _has_field(node, path: list[str]) -> bool:
-    for part in path:
-        if isinstance(node, dict):
-            return True  # a free-form table (domain weights): any key
-        if not isinstance(node, Strict) or part not in type(node).model_fields:
-            return False
-        node = getattr(node, part)
-    return True
-
-
-def validate_run(data: dict, prefix: str = "") -> RunConfig:
-    try:
-        return RunConfig.model_validate(data)
-    except ValidationError as e:
-        raise ConfigError(format_validation_error(e, prefix).replace(f"{prefix}.", f"{prefix}: ", 1) if prefix else format_validation_error(e)) from None
-    except ConfigError as e:
-        raise ConfigError(f"{prefix}: {e}" if prefix else str(e)) from None
+        return [
+            _validate_point(sections, name, seed, {**point, **(chosen or {}).get(name, {})}, prefix)
+            for seed in seeds
+            for prefix, name, sections, point in named
+            if chosen is None or name in chosen
+        ]
 
 
 def apply_overrides(data: dict, overrides: list[str]) -> dict:
@@ -322,33 +308,6 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
         path, value = parse_override(item)
         data = set_key(data, ".".join(path), value, what=f"--set {item!r}")
     return data
-
-
-def _field_type(annotation):
-    """``X`` of ``X | None``."""
-    union = get_origin(annotation) in (Union, types.UnionType)
-    arms = [a for a in get_args(annotation) if a is not type(None)] if union else []
-    return arms[0] if len(arms) == 1 else annotation
-
-
-def check_run_key(key: str, sweep: dict[str, Any] | None = None) -> None:
-    """A --set key of a run's config (``train.steps``): it must name a field, and not a swept one (its values are
-    in [sweep]). A mixer's knobs are checked against that mixer when each run is validated."""
-    parts, node = key.split("."), RunConfig
-    if parts[0] not in _SECTIONS or len(parts) < 2:
-        raise ConfigError(f"--set {key}: not a run config key (a field of {', '.join(_SECTIONS)}, e.g. train.steps)")
-    for i, part in enumerate(parts):
-        if not (isinstance(node, type) and issubclass(node, Strict)):
-            if node is Any or get_origin(node) is dict:
-                break  # free keys: domain weights; a mixer's table (checked against its mixer)
-            raise ConfigError(f"--set {key}: {'.'.join(parts[:i])} is a value, not a table")
-        if part not in node.model_fields:
-            where = "" if i == len(parts) - 1 else f" {'.'.join(parts[:i + 1])!r}"
-            raise ConfigError(f"--set {key}: unknown key{where}; {'.'.join(parts[:i])} has: {', '.join(node.model_fields)}")
-        node = _field_type(node.model_fields[part].annotation)
-    for swept in sweep or {}:
-        if key == swept or key.startswith(swept + ".") or swept.startswith(key + "."):
-            raise ConfigError(f"--set {key}: {swept} is swept; set its values with --set sweep.{swept}=[...]")
 
 
 def _split_overrides(overrides: list[str]) -> tuple[list[str], dict[str, Any]]:
@@ -362,8 +321,10 @@ def _split_overrides(overrides: list[str]) -> tuple[list[str], dict[str, Any]]:
             top.append(item)
         else:
             allowed = [k for k in ExperimentConfig.model_fields if k not in (*_SECTIONS, "overrides")]
-            raise ConfigError(f"--set {'.'.join(path)}: unknown key; a run's keys start with "
-                              f"{', '.join(s + '.' for s in _SECTIONS)}; the experiment's are {', '.join(allowed)}")
+            raise ConfigError(
+                f"--set {'.'.join(path)}: unknown key; a run's keys start with "
+                f"{', '.join(s + '.' for s in _SECTIONS)}; the experiment's are {', '.join(allowed)}"
+            )
     return top, runs
 
 
@@ -379,8 +340,9 @@ def load_experiment(path: str | Path, overrides: list[str] | None = None) -> Exp
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{path}: not valid TOML: {e}") from None
     if "name" not in data and name_problem(path.stem):
-        raise ConfigError(f"{path}: name: the experiment is named after its file, and {name_problem(path.stem, 'experiment names')}; "
-                          "set name = \"...\" in the file")
+        raise ConfigError(
+            f"{path}: name: the experiment is named after its file, and {name_problem(path.stem, 'experiment names')}; set name = \"...\" in the file"
+        )
     data.setdefault("name", path.stem)
     if "overrides" in data:
         raise ConfigError(f"{path}: overrides: set with --set on the command line, not in the file")

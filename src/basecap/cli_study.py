@@ -1,0 +1,187 @@
+"""The commands over an experiment file or a study's runs: ``train``, ``run``, ``plan``, ``report`` and ``scorecard``.
+Each is a handler ``_cmd_<name>`` and the function that adds its parser ``add_<name>`` (listed in
+``cli.build_parser``); handlers import what they call, so parsing stays quick."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from .cli_parse import command
+from .config_base import ConfigError
+
+
+def experiment_args(sp) -> None:
+    sp.add_argument("experiment", help="experiment TOML file (e.g. experiments/quickstart.toml)")
+    sp.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config value, validated like the file (e.g. --set train.steps=100); repeatable",
+    )
+
+
+def _cmd_train(args):
+    """Train every run of an experiment, or only those named with --run (a run's full name, or its base name
+    for every sweep point of it). A tune experiment tunes first and trains the comparison at the chosen values.
+    Finished runs are skipped; an interrupted run resumes from its last good checkpoint and continues with the
+    same loss sequence."""
+    from .experiment import train_experiment
+
+    main_rank = int(os.environ.get("RANK", "0")) == 0
+    for rc, final in train_experiment(args.experiment, args.set, args.run, reuse=args.reuse):
+        if main_rank:
+            print(
+                f"{rc.run_id}: in-domain loss {final['in_domain_loss']:.4f}; "
+                + ", ".join(f"{d} {v['loss']:.3f} ({v['bpb']:.3f} bpb)" for d, v in final["domains"].items())
+            )
+
+
+REUSE_HELP = (
+    "a study's output folder (e.g. runs/architectures-small) whose finished runs may stand in for runs of "
+    "this one with the same config but for their name: copied, relabelled, not trained again (repeatable)"
+)
+
+
+def add_train(sub) -> None:
+    t = command(sub, "train", _cmd_train, "train the runs of an experiment (resumes interrupted runs)")
+    experiment_args(t)
+    t.add_argument("--run", action="append", default=[], metavar="NAME", help="only this run (repeatable)")
+    t.add_argument("--reuse", action="append", default=[], type=Path, metavar="DIR", help=REUSE_HELP)
+
+
+def _cmd_run(args):
+    """Build the corpus if needed, train every run (skipping finished ones, resuming interrupted ones),
+    evaluate each on the test split, and write the report. With --run, only the runs named (no report), so
+    that two processes can share a study."""
+    from .experiment import run_experiment
+
+    run_experiment(args.experiment, args.set, only=args.run, reuse=args.reuse)
+
+
+def add_run(sub) -> None:
+    u = command(sub, "run", _cmd_run, "the whole experiment: build data if needed, train, evaluate, report")
+    experiment_args(u)
+    u.add_argument(
+        "--run",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="only this run (repeatable): train, evaluate and run its suites, without the report, so that "
+        "several processes can share a study; a last call without --run writes the report",
+    )
+    u.add_argument("--reuse", action="append", default=[], type=Path, metavar="DIR", help=REUSE_HELP)
+
+
+def _cmd_plan(args):
+    """Build every run's model on the meta device and estimate parameters, FLOPs per token, memory per GPU
+    and wall time for a number of GPUs (formulas in docs/scaling.md)."""
+    from .plan import format_plan, plan_experiment
+
+    rows = plan_experiment(args.experiment, args.set, gpus=args.gpus, gpu=args.gpu_type, mfu=args.mfu, parallel=args.parallel)
+    print(format_plan(rows, as_json=args.json))
+
+
+def add_plan(sub) -> None:
+    pl = command(sub, "plan", _cmd_plan, "parameters, FLOPs, memory per GPU and wall time of every run, before launching")
+    experiment_args(pl)
+    pl.add_argument("--gpus", type=int, default=8)
+    pl.add_argument(
+        "--gpu-type", default="H100-80GB", help="a GPU of basecap.plan.GPUS, e.g. H100-80GB, or its short name, e.g. H100 (an unknown one lists them)"
+    )
+    pl.add_argument("--mfu", type=float, default=0.4, help="assumed model FLOPs utilisation")
+    pl.add_argument("--parallel", choices=["ddp", "fsdp"], default=None, help="default: each run's train.parallel")
+    pl.add_argument("--json", action="store_true")
+
+
+def _cmd_report(args):
+    """Write report.md, a self-contained report.html and PNG plots: training curves, in-domain vs OOD loss
+    over training, final losses and bits per byte, and each run's OOD gap to a reference run at matched
+    in-domain loss."""
+    from .report import report
+
+    out = args.out or (Path(args.run_dirs[0]).parent / "report")
+    if args.tuning is not None and not Path(args.tuning).is_file():
+        raise ConfigError(f"--tuning {args.tuning}: no such file (a tune experiment writes <out_dir>/tuning.json)")
+    design = None
+    if args.compare is not None:
+        from .report.design import load_design
+
+        design = load_design(args.compare)
+    path = report(
+        args.run_dirs,
+        out,
+        reference=args.reference,
+        smooth=args.smooth,
+        speed_json=args.speed,
+        tuning_json=args.tuning,
+        archive=args.archive,
+        design=design,
+    )
+    print(path.read_text().split("## Figures")[0].rstrip())
+    print(f"report: {path.parent / 'report.html'} (and report.md)")
+
+
+def add_report(sub) -> None:
+    r = command(sub, "report", _cmd_report, "tables and plots from run directories (report.md, report.html, PNGs)")
+    r.add_argument("run_dirs", nargs="+")
+    r.add_argument("--out", default=None, help="output folder (default: <parent of first run>/report)")
+    r.add_argument("--reference", default=None, help="run name to compare against (default: the first run)")
+    r.add_argument("--smooth", type=int, default=3, help="moving average over this many evaluations before matching")
+    r.add_argument(
+        "--compare",
+        default=None,
+        type=Path,
+        metavar="TOML",
+        help="a TOML file with a [compare] table (an experiment file, or the table alone): the comparison design "
+        "to apply instead of the one of the runs' study (docs/metrics.md)",
+    )
+    r.add_argument("--speed", default=None, help="a `basecap bench mixers` JSON to include as the speed section")
+    r.add_argument(
+        "--tuning", default=None, help="a tune experiment's tuning.json: the tuning section (sweep plot, the choices, the gap at each fixed value)"
+    )
+    r.add_argument(
+        "--archive",
+        action="store_true",
+        help="also copy every run's records (run.json, metrics.jsonl, eval.json, suite results; no checkpoints) "
+        "to OUT/runs/ and the --tuning file to OUT/, so `basecap report OUT/runs/* --out OUT` writes the "
+        "same report again from the results folder alone",
+    )
+
+
+def _cmd_scorecard(args):
+    """Test every claim of the paper (experiments/paper/claims.toml) once, from the published studies' archived
+    records, with one Holm family over the claims file; write results/SCORECARD.md and results/scorecard.json
+    (with --write-readme also the README's Results section and each study README's generated block). --check
+    writes nothing and fails when a committed file differs from what would be written."""
+    from .scorecard import build_scorecard
+    from .scorecard.render import generated_files
+
+    root = Path(args.root)
+    card = build_scorecard(root, args.claims)
+    files = generated_files(card, root)
+    if not (args.write_readme or args.check):
+        files = {p: t for p, t in files.items() if p.parent == root / "results"}
+    if args.check:
+        stale = [str(p) for p, t in files.items() if not p.is_file() or p.read_text(encoding="utf-8") != t]
+        if stale:
+            raise ConfigError("out of date (run `basecap scorecard --write-readme`): " + ", ".join(stale))
+        print(f"scorecard: {len(files)} files up to date")
+        return
+    from .rundir import atomic_write
+
+    for p, t in files.items():
+        atomic_write(p, t)
+    print(files[root / "results" / "SCORECARD.md"].split("## Reused runs")[0].rstrip())
+    print("written: " + ", ".join(str(p) for p in files))
+
+
+def add_scorecard(sub) -> None:
+    s = command(sub, "scorecard", _cmd_scorecard, "every claim of the paper tested once: results/SCORECARD.md")
+    s.add_argument("--claims", default=None, help="claims file (default: experiments/paper/claims.toml)")
+    s.add_argument("--root", default=".", help="the repository root with experiments/ and results/ (default: .)")
+    s.add_argument(
+        "--write-readme", action="store_true", help="also regenerate README.md's Results section and each results/<study>/README.md's generated block"
+    )
+    s.add_argument("--check", action="store_true", help="write nothing; fail when a generated file is out of date")
