@@ -242,9 +242,10 @@ def test_fixed_values_pair_whatever_the_key_order_and_a_missing_point_gives_none
     for name, off in offsets.items():
         fake_run(tmp_path, name, 100, off)
     a, b = {"train.lr": 1, "train.weight_decay": 0}, {"train.lr": 2, "train.weight_decay": 0}
-    swapped = lambda v: dict(reversed(list(v.items())))  # noqa: E731 - the same values, keys in the other order
+    swapped = lambda v: dict(reversed(list(v.items())))  # noqa: E731 - keys out of sorted order, as a TOML file may give them
     tuning = {"seeds": [100], "runs": {
-        "ref": {"tried": [{"name": "ref@a", "values": a}, {"name": "ref@b", "values": b}], "chosen": a, "chosen_name": "ref@a"},
+        "ref": {"tried": [{"name": "ref@a", "values": swapped(a)}, {"name": "ref@b", "values": swapped(b)}], "chosen": swapped(a),
+                "chosen_name": "ref@a"},
         "ssm": {"tried": [{"name": "ssm@a", "values": swapped(a)}, {"name": "ssm@b", "values": swapped(b)}], "chosen": swapped(b),
                 "chosen_name": "ssm@b"}}}
     [row] = fixed_vs_tuned(tuning, tmp_path, "ref")
