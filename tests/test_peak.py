@@ -49,7 +49,7 @@ def test_the_peak_is_measured_once_per_machine_and_thread_count_and_stored(monke
 
     def fake(device, dtype):
         calls.append((torch.get_num_threads(), dtype))
-        return {"flops": 1e11 * torch.get_num_threads(), "median": 9e10, "products": 12, "stable": True}
+        return {"flops": 1e11 * torch.get_num_threads(), "median": 9e10, "wall_flops": 8e10, "products": 12, "stable": True}
 
     monkeypatch.setattr(P, "measure_until_stable", fake)
     threads = torch.get_num_threads()
@@ -69,8 +69,13 @@ def test_the_peak_is_measured_once_per_machine_and_thread_count_and_stored(monke
         assert len(json.loads((tmp_path / "peak.json").read_text())) == 2
         peak_flops(cpu, home=tmp_path, refresh=True)
         assert len(calls) == 3
+        stored = json.loads((tmp_path / "peak.json").read_text())
+        del stored[key]["wall_flops"]  # an entry of the wall-time-only measurement is measured again
+        (tmp_path / "peak.json").write_text(json.dumps(stored))
+        peak_flops(cpu, home=tmp_path)
+        assert len(calls) == 4
         (tmp_path / "peak.json").write_text("{not json")  # a damaged store is measured again, not an error
-        assert peak_flops(cpu, home=tmp_path)["per_device"] == 1e11 * threads and len(calls) == 4
+        assert peak_flops(cpu, home=tmp_path)["per_device"] == 1e11 * threads and len(calls) == 5
     finally:
         torch.set_num_threads(threads)
 
@@ -129,7 +134,7 @@ def test_the_peak_command_prints_the_stored_figure(monkeypatch, tmp_path, capsys
     from basecap.cli import main
 
     monkeypatch.setenv("BASECAP_HOME", str(tmp_path))
-    monkeypatch.setattr(P, "measure_until_stable", lambda d, t: {"flops": 1.5e11, "median": 1e11, "products": 11, "stable": True})
+    monkeypatch.setattr(P, "measure_until_stable", lambda d, t: {"flops": 1.5e11, "median": 1e11, "wall_flops": 1e11, "products": 11, "stable": True})
     threads = torch.get_num_threads()
     try:
         assert main(["peak", "--threads", "1"]) == 0

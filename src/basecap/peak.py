@@ -232,7 +232,7 @@ def peak_flops(device: torch.device, dtype: torch.dtype = torch.float32, refresh
         machine = cpu_model()
     key = _key(device, dtype, threads, machine)
     entry = None if refresh else read_store(home).get(key)
-    if entry is None:
+    if entry is None or "wall_flops" not in entry:  # none yet, or measured by wall time alone (before CPU-time rates)
         if log:
             log(f"measuring the peak FLOP/s of {key} (once per machine; basecap peak --refresh measures again)")
         m = measure_until_stable(device, dtype)
