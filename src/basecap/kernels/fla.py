@@ -30,6 +30,7 @@ import math
 import torch
 
 from ..config_base import ConfigError
+from .common import log_once
 
 log = logging.getLogger(__name__)
 Tensor = torch.Tensor
@@ -38,13 +39,10 @@ FLA_VERSION = "0.6.0"  # the version these mappings were written against
 # Device types the fast path runs on (fla's kernels are Triton kernels for CUDA). The CPU emulation test
 # (tests/test_fla_emulation.py) adds "cpu" while fla's pure-PyTorch references stand in for the kernels.
 KERNEL_DEVICES: tuple[str, ...] = ("cuda",)
-_logged: set[str] = set()
 
 
 def _log_once(msg: str, level: int = logging.INFO) -> None:
-    if msg not in _logged:
-        _logged.add(msg)
-        log.log(level, msg)
+    log_once(log, msg, level)
 
 
 @functools.cache

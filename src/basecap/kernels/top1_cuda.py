@@ -21,6 +21,7 @@ import torch.nn.functional as F
 
 from ..config_base import ConfigError
 from ..ops.top1.common import NEG_INF
+from .common import log_once
 
 log = logging.getLogger(__name__)
 
@@ -29,13 +30,10 @@ FAST_BLOCK = 1024
 # device types the fast path runs on; the interpreter test tier (tests/interp) adds "cpu"
 KERNEL_DEVICES: tuple[str, ...] = ("cuda",)
 TILE_BACKENDS = ("triton", "sdpa")
-_logged: set[str] = set()
 
 
 def _log_once(msg: str, level: int = logging.INFO) -> None:
-    if msg not in _logged:
-        _logged.add(msg)
-        log.log(level, msg)
+    log_once(log, msg, level)
 
 
 @functools.cache
