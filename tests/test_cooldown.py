@@ -14,7 +14,7 @@ import torch
 from basecap.checkpoint import list_checkpoints
 from basecap.config_base import ConfigError
 from basecap.eval.ood import STRATA, strata_losses, target_strata
-from basecap.train import cooldown_lr, decay_factor, lr_at, train
+from basecap.train import decay_factor, lr_at, train
 from test_train import CHILD, losses, run_cfg
 
 
@@ -135,3 +135,15 @@ def test_plan_counts_the_branches(tiny_recipe_path):
     row = plan_run(cfg, gpus=1, gpu="H100")
     assert row["branch_steps"] == 2 + 4 + 6
     assert row["total_tokens"] == (40 + 12) * 4 * 32
+
+
+def test_a_branch_of_a_model_with_parameters_that_get_no_gradient(tiny_corpus, tiny_recipe_path, tmp_path):
+    """Mamba-2 blocks have no MLP, so a norm never gets a gradient and has no optimizer state: restoring the live run
+    after a branch must accept that, as resuming does."""
+    cfg = run_cfg(tiny_recipe_path, steps=8, schedule="wsd", checkpoint_every=4, cooldowns=[4], cooldown_fraction=0.5)
+    from basecap.mixers import parse_mixer_config, parse_mlp_config
+
+    model = cfg.model.model_copy(update={"mixer": parse_mixer_config({"name": "mamba2"}), "mlp": parse_mlp_config({"name": "none"})})
+    cfg = cfg.model_copy(update={"model": model})
+    train(cfg, tmp_path / "r", corpus=tiny_corpus, log=quiet)
+    assert [r["step"] for r in records(tmp_path / "r") if r["kind"] == "anneal"] == [4]

@@ -273,7 +273,10 @@ def restore(path: Path, model: torch.nn.Module, optimizer) -> dict:
         raise CheckpointError(f"checkpoint {path}: {_reason(e)}") from None
     # strict=False only lets parameters without optimizer state stay so; dcp.load above required every
     # model key and the complete state of every other parameter
-    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"], options=StateDictOptions(strict=not dropped))
+    # a live optimizer (a cooldown branch restoring its run) already lacks state for such parameters: not strict then either
+    trainable = sum(1 for p in model.parameters() if p.requires_grad)
+    strict = not dropped and len(state["optim"].get("state", {})) >= trainable
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"], options=StateDictOptions(strict=strict))
     return json.loads((path / "trainer.json").read_text())
 
 
