@@ -117,7 +117,7 @@ def test_strata_known_answer():
 
 def test_every_evaluation_records_the_loss_per_stratum(tiny_corpus, tiny_recipe_path, tmp_path):
     final = train(run_cfg(tiny_recipe_path, steps=4), tmp_path / "r", corpus=tiny_corpus, log=quiet)
-    for d, res in final["domains"].items():
+    for res in final["domains"].values():
         st = res["strata"]
         assert sum(s["tokens"] for s in st.values()) == res["tokens"]
         total = sum(s["loss"] * s["tokens"] for s in st.values() if s["tokens"])
