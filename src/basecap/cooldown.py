@@ -78,6 +78,6 @@ def run_branch(run, fork: int, step_fn, evaluate_fn, lr_fn, log) -> dict:
     rd.sync_metrics()
     restore(main, run.model, run.opt)  # the main run continues from its own state at the fork
     if run.env.is_main:
-        shutil.rmtree(rd.path / "cooldown" / root.name, ignore_errors=True)
+        shutil.rmtree(root, ignore_errors=True)
     log(f"[{run.cfg.run_id}] annealed point at step {fork} (+{length} cooldown steps): in-domain loss {rec['in_domain_loss']:.4f}")
     return rec

@@ -157,13 +157,9 @@ def gap_curve(pairs: list[tuple[Run, Run]], m: Measure, design: dict, domain: st
         g = np.interp(grid, xa[oa], ya[oa]) - np.interp(grid, xb[ob], yb[ob])
         g[(grid < plo) | (grid > phi)] = np.nan  # no extrapolation beyond a pair's common range
         rows.append(g)
-    with np.errstate(all="ignore"):
-        import warnings
-
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)
-            mean = np.nanmean(np.vstack(rows), axis=0)
-    return grid, mean
+    stack = np.vstack(rows)
+    n = (~np.isnan(stack)).sum(axis=0)  # seeds that reach each level; a level none reaches stays NaN (not drawn)
+    return grid, np.where(n > 0, np.nansum(stack, axis=0) / np.maximum(n, 1), np.nan)
 
 
 def interactions(by_measure: dict[str, list[dict]], primary: str, runs: list[Run], alpha: float = ALPHA) -> list[dict]:
