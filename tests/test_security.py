@@ -69,17 +69,14 @@ def test_export_and_the_lm_eval_subject_open_the_corpus_by_key(trained_run, tmp_
 
 # ---- the test harness ---------------------------------------------------------------------------
 def test_the_suite_reaches_no_network():
-    # the top-level conftest's class: another folder's conftest.py (tests/interp) may hold the name "conftest"
-    import sys
-    from pathlib import Path
-
-    here = str(Path(__file__).resolve().with_name("conftest.py"))
-    NetworkBlocked = next(m for m in list(sys.modules.values()) if getattr(m, "__file__", None) == here).NetworkBlocked
-
-    with socket.socket() as s, pytest.raises(NetworkBlocked, match="192.0.2.1"):
+    # The guard's class is matched by name, not looked up as a module: tests/interp has a conftest.py of
+    # its own, and which of the two holds the name "conftest" in sys.modules depends on collection order.
+    with socket.socket() as s, pytest.raises(OSError, match="may not reach the network.*192.0.2.1") as blocked:
         s.connect(("192.0.2.1", 80))  # TEST-NET-1: would hang or fail slowly, not raise at once
-    with socket.socket() as s, pytest.raises(NetworkBlocked):
+    assert type(blocked.value).__name__ == "NetworkBlocked"
+    with socket.socket() as s, pytest.raises(OSError, match="may not reach the network") as blocked:
         s.connect_ex(("example.com", 443))
+    assert type(blocked.value).__name__ == "NetworkBlocked"
     with socket.socket() as server:
         server.bind(("127.0.0.1", 0))
         server.listen(1)
