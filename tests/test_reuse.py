@@ -45,6 +45,8 @@ model.mixer = {name = "attention", head_dim = 8, position = "alibi"}
     summary = json.loads((rep.parent / "summary.json").read_text())
     assert {r["name"] for r in summary["runs"]} == {"rope", "alibi"}
     assert [k for k, v in summary["commits"].items() if "reused_from" in v] == ["rope-s0"]
+    report = (rep.parent / "report.md").read_text()  # the report itself says which runs are copies
+    assert f"**Reused runs** (1 of 2;" in report and f"`rope-s0` (copy of `{src}`)" in report
     # a run that already exists is never replaced; a different setting (steps) is not reused
     assert not any("reused" in m for m in [*_run(second, tiny_recipe_path, runs, first, "")])
     out = _run(tmp_path / "third", tiny_recipe_path, runs, first, "steps = 6", "steps = 9")

@@ -26,6 +26,7 @@ def _markdown(summary: dict, runs: list[Run]) -> str:
         ),
         "",
     ]
+    lines += _reused_note(runs)
     lines += _near_unigram_note(summary)
     lines += _final_table(summary, ind)
     lines += _in_domain_table(summary)
@@ -42,6 +43,20 @@ def _markdown(summary: dict, runs: list[Run]) -> str:
     if summary.get("design"):
         lines += ["", "![OOD gap against the matched level](gap_vs_level.png)", ""]
     return "\n".join(lines)
+
+
+def _reused_note(runs: list[Run]) -> list[str]:
+    """Runs copied from another study (``--reuse``): the same trainings, so a reader does not count them as
+    replications."""
+    copies = sorted((r.run_id, r.info["reused_from"]) for r in runs if r.info.get("reused_from"))
+    if not copies:
+        return []
+    src = [f"`{rid}` (copy of `{f.get('run_dir') if isinstance(f, dict) else f}`)" for rid, f in copies]
+    return [
+        f"**Reused runs** ({len(copies)} of {len(runs)}; `--reuse`: copied from another study, the same training "
+        f"and records, not a replication): {', '.join(src)}.",
+        "",
+    ]
 
 
 def _near_unigram_note(summary: dict) -> list[str]:
