@@ -150,15 +150,23 @@ def scale_of_run(run: Run) -> dict:
 
 
 def scale_of_config(root: Path, experiment: str, size: str, run: str) -> dict:
-    """Training tokens and context of a run that has not run, from its experiment file at the study's size
-    (parameters are counted when it runs; ``basecap plan`` estimates them)."""
+    """Parameters, training tokens and context of a run that has not run, from its experiment file at the
+    study's size: the model is built on the meta device with the vocabulary ``basecap plan`` finds (the
+    recipe's tokenizer), so the count is the one the run will report."""
+    import torch
+
     from ..config import load_experiment
+    from ..matching import resolve
+    from ..model import build_model
+    from ..plan import _vocab
 
     exp = load_experiment(root / "experiments" / "paper" / experiment, [f"size={size}"])
     rc = next(rc for rc in exp.run_configs() if rc.name.split("@")[0] == run)
+    with torch.device("meta"):
+        counts = build_model(resolve(rc).model, _vocab(rc)[0]).param_counts()
     return {
-        "params": None,
-        "params_non_embedding": None,
+        "params": counts["total"],
+        "params_non_embedding": counts["non_embedding"],
         "preset": rc.model.preset,
         "train_tokens": rc.train.steps * rc.train.batch_size * rc.data.seq_len,
         "context": rc.data.seq_len,
