@@ -164,7 +164,7 @@ def scorecard_markdown(card: dict) -> str:
         "| record | copy of |",
         "|---|---|",
     ]
-    lines += [f"| {c['study']}/{c['run']} | {c['copy_of'] or c['reused_from']} |" for c in card["copies"]]
+    lines += [f"| {c['study']}/{c['run']} | {_source(c, prefix='')} |" for c in card["copies"]]
     return "\n".join(lines) + "\n"
 
 
@@ -227,6 +227,14 @@ def readme_results(card: dict, root: Path) -> str:
     return "\n".join(lines)
 
 
+def _source(copy: dict, prefix: str = "results/") -> str:
+    """Where a copied record came from: the published study's record, or (its source not published yet) the
+    study folder ``--reuse`` copied it from, said as such."""
+    if copy["copy_of"]:
+        return f"`{prefix}{copy['copy_of']}`"
+    return f"`{copy['reused_from']}` (a study not published yet)"
+
+
 def study_block(card: dict, study: str) -> str:
     """A study README's generated block: the claims it provides and the records that are copies."""
     rows = [r for r in card["claims"] if r["results"] == study]
@@ -245,7 +253,7 @@ def study_block(card: dict, study: str) -> str:
         lines.append("No claim of the paper is tested on this study's runs.")
     if copies:
         lines += ["", "Runs copied from another study (identical records, `--reuse`): the same trainings, not replications.", ""]
-        lines += [f"- `{c['run']}`: copy of `results/{c['copy_of'] or c['reused_from']}`" for c in copies]
+        lines += [f"- `{c['run']}`: copy of {_source(c)}" for c in copies]
     else:
         lines += ["", "Every run record here was trained for this study (none is a copy)."]
     lines.append(STUDY_MARKERS[1])
