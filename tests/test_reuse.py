@@ -45,6 +45,7 @@ model.mixer = {name = "attention", head_dim = 8, position = "alibi"}
     summary = json.loads((rep.parent / "summary.json").read_text())
     assert {r["name"] for r in summary["runs"]} == {"rope", "alibi"}
     assert [k for k, v in summary["commits"].items() if "reused_from" in v] == ["rope-s0"]
+    assert all(v["wall_s"] > 0 for v in summary["commits"].values())  # each run's recorded wall clock (a copy keeps its own)
     report = (rep.parent / "report.md").read_text()  # the report itself says which runs are copies
     assert f"**Reused runs** (1 of 2;" in report and f"`rope-s0` (copy of `{src}`)" in report
     # a run that already exists is never replaced; a different setting (steps) is not reused

@@ -37,6 +37,8 @@ def test_train_writes_metrics_checkpoints_and_provenance(tiny_corpus, tiny_recip
     info = json.loads((tmp_path / "r" / "run.json").read_text())
     assert {"git_commit", "packages", "device", "params", "flops_per_token", "config"} <= set(info)
     assert [p.name for p in list_checkpoints(tmp_path / "r" / "checkpoints")] == ["step_00000004", "step_00000008"]
+    (one,) = info["wall"]["sessions"]  # one process trained it: setup to the last step, in seconds
+    assert (one["from_step"], one["to_step"]) == (0, 8) and info["wall"]["seconds"] == one["seconds"] > 0
 
 
 def test_finished_run_is_skipped(tiny_corpus, tiny_recipe_path, tmp_path):
@@ -83,6 +85,14 @@ def test_kill_and_resume_reproduces_the_uninterrupted_loss_sequence(tiny_corpus,
     assert any("resuming from" in m for m in msgs)
     got, got_ev = losses(run_dir)
     assert got == ref  # exact, every step
+    # the wall clock of both sessions: the killed one up to the checkpoint resumed from (what it did after that
+    # is done again and counted again), then the resumed one to the end
+    start = int(next(m for m in msgs if "resuming from" in m).split("step ")[-1].rstrip(")"))
+    wall = json.loads((run_dir / "run.json").read_text())["wall"]
+    last = wall["sessions"][-1]
+    assert (last["from_step"], last["to_step"]) == (start, 40) and last["seconds"] > 0
+    assert all(x["to_step"] <= start for x in wall["sessions"][:-1]) and len(wall["sessions"]) <= 2
+    assert wall["seconds"] == pytest.approx(sum(x["seconds"] for x in wall["sessions"]))
     assert [e["domains"] for e in got_ev] == [e["domains"] for e in ref_ev]
 
 

@@ -20,7 +20,7 @@ import statistics
 import sys
 import time
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Callable
 
@@ -122,6 +122,8 @@ class _Run:
     train_flops_per_token: float  # 3 x the forward FLOPs: backward is two matmuls per forward one
     peak_flops: float  # of all ranks together
     bar: Any = None  # tqdm progress bar on rank 0
+    wall: dict = field(default_factory=dict)  # run.json's "wall": the sessions whose work the records keep
+    t0: float = field(default_factory=time.perf_counter)  # this session's start
 
     def lr_at(self, step: int) -> float:
         return lr_at(step, self.cfg.train)
@@ -153,7 +155,9 @@ def _train(cfg: RunConfig, rd: RunDir, env: DistEnv, device, amp_dtype, corpus, 
         log(f"[{cfg.run_id}] already finished ({cfg.train.steps} steps); skipping")
         return finished["final"]
 
+    t0 = time.perf_counter()
     run = _setup(cfg, rd, env, device, amp_dtype, corpus, log)
+    run.t0 = t0  # the session's wall clock counts its setup (corpus, model, restore) too
     final = None
     forks = set(cfg.train.cooldowns)
     with run.tracker:  # closed as failed if the loop raises
@@ -174,6 +178,7 @@ def _train(cfg: RunConfig, rd: RunDir, env: DistEnv, device, amp_dtype, corpus, 
                 rd.sync_metrics()  # on disk before the checkpoint that covers them
                 save_checkpoint(rd.checkpoints, done, run.model, run.opt, {}, keep=cfg.train.keep_checkpoints, env=env)
                 run.tracker.flush()
+                _record_wall(run, done)
                 t_last = time.perf_counter()
             if done in forks:
                 _branch(run, done)
@@ -235,9 +240,10 @@ def _setup(cfg: RunConfig, rd: RunDir, env: DistEnv, device, amp_dtype, corpus, 
     if ckpt is not None:
         start = restore(ckpt, model, opt)["step"]
         log(f"[{cfg.run_id}] resuming from {ckpt.name} (step {start})")
+    wall = _kept_wall(rd, start)
     if env.is_main:
         rd.truncate_metrics(start)
-        rd.write_info(info)
+        rd.write_info(info | {"wall": wall})
     # the trackers fill what they lack up to the checkpoint from metrics.jsonl, and skip what they hold
     tracker = open_loggers(
         cfg.train.loggers,
@@ -270,6 +276,7 @@ def _setup(cfg: RunConfig, rd: RunDir, env: DistEnv, device, amp_dtype, corpus, 
         tracker,
         train_flops_per_token=3 * info["flops_per_token"],
         peak_flops=peak["per_device"] * env.world_size,
+        wall=wall,
     )
     if cfg.train.progress and env.is_main:
         from tqdm import tqdm
@@ -386,9 +393,35 @@ def _finish(run: _Run, final: dict | None) -> dict:
         steps = run.cfg.train.steps
         final = next((r for r in reversed(run.rd.read_metrics()) if r["kind"] == "eval" and r["step"] == steps), None) or _evaluate(run, steps)
     if run.env.is_main:
+        _record_wall(run, run.cfg.train.steps)
         _record_speed(run)
         run.rd.write_done(run.cfg.train.steps, final)
     return final
+
+
+def _kept_wall(rd: RunDir, start: int) -> dict:
+    """The earlier sessions of a resumed run, up to the checkpoint it resumes from (work after it is done again
+    and counted again), from the run.json it is about to replace."""
+    try:
+        old = (rd.read_info().get("wall") or {}) if start > 0 else {}
+    except (FileNotFoundError, ValueError):
+        old = {}
+    sessions = [dict(x, to_step=min(x["to_step"], start)) for x in old.get("sessions", []) if x["from_step"] < start]
+    return {"seconds": sum(x["seconds"] for x in sessions), "sessions": sessions}
+
+
+def _record_wall(run: _Run, step: int):
+    """run.json's "wall": wall-clock seconds of each training session (a process that trained the run: setup, steps,
+    evaluations, cooldown branches and checkpoints) up to its last checkpoint, and their sum: the time the kept
+    records cost. A session killed after its last checkpoint loses what it did after it; that part is not counted."""
+    if not run.env.is_main:
+        return
+    now = {"from_step": run.start, "to_step": step, "seconds": round(time.perf_counter() - run.t0, 3)}
+    sessions = [x for x in run.wall.get("sessions", []) if x["from_step"] < run.start] + [now]
+    run.wall = {"seconds": round(sum(x["seconds"] for x in sessions), 3), "sessions": sessions}
+    info = run.rd.read_info()
+    info["wall"] = run.wall
+    run.rd.write_info(info)
 
 
 def _record_speed(run: _Run):

@@ -36,12 +36,14 @@ def study_of(run_dirs: list[Path]) -> tuple[str | None, str | None]:
 
 
 def _commit(runs) -> tuple[str | None, dict]:
-    """The code commit shared by every run (None when they differ), and each run's commit and dirty flag (and,
-    for a run copied from another study with ``--reuse``, where it came from)."""
+    """The code commit shared by every run (None when they differ), and each run's commit, dirty flag, wall-clock
+    seconds (run.json's "wall", where the run recorded it) and, for a run copied from another study with
+    ``--reuse``, where it came from."""
     each = {
         r.run_id: {
             "commit": r.info.get("git_commit"),
             "dirty": r.info.get("git_dirty"),
+            **({"wall_s": r.info["wall"]["seconds"]} if (r.info.get("wall") or {}).get("sessions") else {}),
             **({"reused_from": r.info["reused_from"]} if r.info.get("reused_from") else {}),
         }
         for r in runs
