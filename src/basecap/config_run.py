@@ -42,6 +42,12 @@ class RunConfig(Strict):
     def _check(self):
         if self.data.seq_len > self.model.max_seq_len:
             raise ValueError(f"data.seq_len={self.data.seq_len} exceeds model.max_seq_len={self.model.max_seq_len}")
+        tc = self.train
+        if tc.cooldown_levels and not any(s % self.eval.every == 0 for s in tc.cooldowns):
+            raise ValueError(
+                f"train.cooldown_levels: no step of train.cooldowns={tc.cooldowns} is on the evaluation grid (eval.every="
+                f"{self.eval.every}): the drop a branch gains is measured against the run's evaluation at its fork"
+            )
         m = self.model
         for key, value, most in (
             ("d_model", m.d_model, MAX_D_MODEL),

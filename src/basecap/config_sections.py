@@ -6,6 +6,7 @@ Kept apart from ``config`` (experiments, sweeps, tuning) so each file stays one 
 
 from __future__ import annotations
 
+import math
 from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
@@ -65,6 +66,12 @@ class TrainConfig(Strict):
         "lr to the floor and is evaluated at its end (an annealed point); the main run is unchanged",
     )
     cooldown_fraction: float = Field(0.2, gt=0, le=1, description="a branch forked at step s decays over round(fraction x s) steps")
+    cooldown_levels: list[float] = Field(
+        default_factory=list,
+        description="in-domain loss levels to place annealed points at: after an evaluation whose in-domain loss, less "
+        "the drop the run's latest branch gained, reaches a level no branch has served yet, the run forks a branch "
+        "there (basecap.cooldown.level_forks; needs a step of cooldowns on the evaluation grid to measure the drop)",
+    )
     keep_cooldown_weights: bool = Field(False, description="keep each branch's final weights (annealed/step_<s>/model.safetensors)")
     weight_decay: float = Field(0.1, ge=0)
     betas: tuple[Beta, Beta] = Field((0.9, 0.95), description="AdamW's (beta1, beta2), each in [0, 1)")
@@ -100,6 +107,10 @@ class TrainConfig(Strict):
         bad = [s for s in self.cooldowns if not 0 < s < self.steps]
         if bad or len(set(self.cooldowns)) != len(self.cooldowns):
             raise ValueError(f"cooldowns={self.cooldowns}: each fork step must be unique and inside (0, steps={self.steps})")
+        if any(not math.isfinite(v) or v <= 0 for v in self.cooldown_levels) or len(set(self.cooldown_levels)) != len(self.cooldown_levels):
+            raise ValueError(f"cooldown_levels={self.cooldown_levels}: each level must be a unique positive loss")
+        if self.cooldown_levels and not self.cooldowns:
+            raise ValueError("cooldown_levels needs at least one step in cooldowns: its branch measures the drop a cooldown gains")
         short = [s for s in self.cooldowns if round(self.cooldown_fraction * s) < 1]
         if short:
             raise ValueError(f"cooldowns {short}: cooldown_fraction={self.cooldown_fraction} gives these forks no step of decay")

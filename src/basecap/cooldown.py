@@ -1,6 +1,6 @@
 """Cooldown branches: annealed points along one training run.
 
-At each step ``s`` of ``train.cooldowns`` the run forks a branch from its exact state (weights, optimizer,
+At each step ``s`` of ``train.cooldowns`` (and where ``train.cooldown_levels`` places one: ``level_forks``) the run forks a branch from its exact state (weights, optimizer,
 data position): the branch continues the run's own data stream (the batch of step ``s + k`` is the run's)
 while it decays the learning rate from the run's rate at ``s`` to the floor (``lr x min_lr_ratio``) over
 ``round(cooldown_fraction x s)`` steps, in ``train.decay_shape``. It is then evaluated like any evaluation and
@@ -27,17 +27,52 @@ def branch_root(run_path: Path, fork: int) -> Path:
     return run_path / "cooldown" / f"step_{fork:08d}"
 
 
+def level_forks(train_cfg, records: list[dict]) -> dict[int, list[float]]:
+    """The forks ``train.cooldown_levels`` places, from the run's records: fork step -> the levels it serves.
+
+    Replayed in order of the main run's evaluations (so a resumed run decides as the uninterrupted one did): at an
+    evaluation at step ``s`` before the last, the annealed loss a branch forked there would reach is predicted as the
+    evaluation's in-domain loss less the drop of the run's latest branch forked before ``s`` at an evaluation step
+    (its evaluation at the fork minus its annealed point). Every level not served yet that the prediction reaches is
+    served by a fork at ``s``; before any branch has measured a drop, no level fork is placed."""
+    levels = sorted(train_cfg.cooldown_levels, reverse=True)
+    if not levels:
+        return {}
+    evals = {r["step"]: r["in_domain_loss"] for r in records if r.get("kind") == "eval"}
+    anneals = sorted((r["step"], r["in_domain_loss"]) for r in records if r.get("kind") == "anneal")
+    served: set[float] = set()
+    out: dict[int, list[float]] = {}
+    for s in sorted(evals):
+        if s >= train_cfg.steps:
+            break
+        drops = [evals[f] - a for f, a in anneals if f < s and f in evals]
+        if not drops:
+            continue
+        hit = [lv for lv in levels if lv not in served and evals[s] - drops[-1] <= lv]
+        if hit:
+            out[s] = hit
+            served.update(hit)
+    return out
+
+
+def forks_at(train_cfg, step: int, records: list[dict]) -> bool:
+    """Whether the run forks a branch after ``step`` steps: a step of ``cooldowns``, or a level fork there."""
+    return step in train_cfg.cooldowns or (bool(train_cfg.cooldown_levels) and step in level_forks(train_cfg, records))
+
+
 def pending_fork(cfg, start: int, records: list[dict]) -> int | None:
     """The fork whose branch a run resuming at ``start`` still owes (its point not recorded yet), else None."""
-    if start not in cfg.train.cooldowns:
+    if not forks_at(cfg.train, start, records):
         return None
     done = {r["step"] for r in records if r.get("kind") == "anneal"}
     return None if start in done else start
 
 
 def total_branch_steps(train_cfg) -> int:
-    """Optimizer steps every branch of a run adds together (``basecap plan`` counts them)."""
-    return sum(train_cfg.cooldown_steps(s) for s in train_cfg.cooldowns)
+    """Optimizer steps every branch of a run adds together (``basecap plan`` counts them); a level fork is counted
+    at its longest (a fork at the last step), since where it lands is known only once the run trains."""
+    most = train_cfg.cooldown_steps(train_cfg.steps - 1)
+    return sum(train_cfg.cooldown_steps(s) for s in train_cfg.cooldowns) + most * len(train_cfg.cooldown_levels)
 
 
 def run_branch(run, fork: int, step_fn, evaluate_fn, lr_fn, log) -> dict:
@@ -68,6 +103,9 @@ def run_branch(run, fork: int, step_fn, evaluate_fn, lr_fn, log) -> dict:
         "end_lr": lr_fn(length - 1, length, start_lr, floor),
         "tokens": (fork + length) * run.tokens_per_step,
     }
+    levels = level_forks(tc, run.history).get(fork)
+    if levels:
+        extra["levels"] = levels  # placed by train.cooldown_levels
     rec = evaluate_fn(run, fork, "anneal", extra)
     if tc.keep_cooldown_weights:  # the checkpoint writer's full weights (tied embeddings and FSDP shards handled there)
         final = Path(save_checkpoint(root, fork + length, run.model, run.opt, {"cooldown_of": fork}, keep=1, env=run.env))

@@ -172,6 +172,7 @@ def plan_run(rc: RunConfig, gpus: int = 8, gpu: str = "H100-80GB", mfu: float = 
         "tokens_per_step": tokens_per_step,
         "steps": tr.steps,
         "branch_steps": branch_steps,
+        "level_forks": len(tr.cooldown_levels),  # placed while the run trains: counted at their longest
         "total_tokens": total_tokens,
         "total_train_flops": train_fpt * total_tokens,
         "gpus": gpus,
@@ -324,7 +325,10 @@ def format_plan(rows: list[dict], as_json: bool = False) -> str:
     if branched:
         lines += ["", "cooldown branches (annealed points; counted in tokens and time):"]
         lines += [
-            f"  {r['run']:<{w}}{r['branch_steps']} steps on top of {r['steps']} (+{100 * r['branch_steps'] / r['steps']:.0f}%)" for r in branched
+            f"  {r['run']:<{w}}{'up to ' if r.get('level_forks') else ''}{r['branch_steps']} steps on top of {r['steps']} "
+            f"(+{100 * r['branch_steps'] / r['steps']:.0f}%)"
+            + (f"; {r['level_forks']} placed by level, counted at their longest" if r.get("level_forks") else "")
+            for r in branched
         ]
     problems = [(r["run"], i) for r in rows for i in r["issues"]]
     if problems:

@@ -29,7 +29,7 @@ import torch
 from .checkpoint import latest_good_checkpoint, restore, save_checkpoint
 from .compile import compile_for_training
 from .config import RunConfig
-from .cooldown import pending_fork, run_branch
+from .cooldown import forks_at, pending_fork, run_branch
 from .config_base import ConfigError
 from .distributed import DistEnv, grad_sync, init_distributed, mean_across_ranks, wrap
 from .eval.ood import DomainEvaluator, in_domain_loss
@@ -124,6 +124,7 @@ class _Run:
     bar: Any = None  # tqdm progress bar on rank 0
     wall: dict = field(default_factory=dict)  # run.json's "wall": the sessions whose work the records keep
     t0: float = field(default_factory=time.perf_counter)  # this session's start
+    history: list[dict] = field(default_factory=list)  # evaluations and annealed points so far (kind, step, in-domain loss): where level forks go
 
     def lr_at(self, step: int) -> float:
         return lr_at(step, self.cfg.train)
@@ -159,9 +160,9 @@ def _train(cfg: RunConfig, rd: RunDir, env: DistEnv, device, amp_dtype, corpus, 
     run = _setup(cfg, rd, env, device, amp_dtype, corpus, log)
     run.t0 = t0  # the session's wall clock counts its setup (corpus, model, restore) too
     final = None
-    forks = set(cfg.train.cooldowns)
+    forks, levels = set(cfg.train.cooldowns), bool(cfg.train.cooldown_levels)
     with run.tracker:  # closed as failed if the loop raises
-        owed = pending_fork(cfg, run.start, rd.read_metrics())  # every rank reads it: all of them train the branch
+        owed = pending_fork(cfg, run.start, run.history)  # every rank holds it: all of them train the branch
         if owed is not None:  # killed during the branch forked here: finish it before the run goes on
             _branch(run, owed)
         t_last = time.perf_counter()
@@ -174,13 +175,14 @@ def _train(cfg: RunConfig, rd: RunDir, env: DistEnv, device, amp_dtype, corpus, 
             if done % cfg.eval.every == 0 or done == cfg.train.steps:
                 final = _evaluate(run, done)
                 t_last = time.perf_counter()  # tokens/s counts training steps, not evaluations or checkpoints
-            if done % cfg.train.checkpoint_every == 0 or done == cfg.train.steps or done in forks:
+            fork = done in forks or (levels and done % cfg.eval.every == 0 and forks_at(cfg.train, done, run.history))
+            if done % cfg.train.checkpoint_every == 0 or done == cfg.train.steps or fork:
                 rd.sync_metrics()  # on disk before the checkpoint that covers them
                 save_checkpoint(rd.checkpoints, done, run.model, run.opt, {}, keep=cfg.train.keep_checkpoints, env=env)
                 run.tracker.flush()
                 _record_wall(run, done)
                 t_last = time.perf_counter()
-            if done in forks:
+            if fork:
                 _branch(run, done)
                 t_last = time.perf_counter()
         return _finish(run, final)
@@ -277,6 +279,9 @@ def _setup(cfg: RunConfig, rd: RunDir, env: DistEnv, device, amp_dtype, corpus, 
         train_flops_per_token=3 * info["flops_per_token"],
         peak_flops=peak["per_device"] * env.world_size,
         wall=wall,
+        history=[
+            {k: r[k] for k in ("kind", "step", "in_domain_loss")} for r in rd.read_metrics() if r["kind"] in ("eval", "anneal") and r["step"] <= start
+        ],
     )
     if cfg.train.progress and env.is_main:
         from tqdm import tqdm
@@ -382,6 +387,7 @@ def _evaluate(run: _Run, step: int, kind: str = "eval", extra: dict | None = Non
     if run.env.is_main:
         run.rd.append_metrics(rec)
         run.tracker.log(rec)
+    run.history.append({k: rec[k] for k in ("kind", "step", "in_domain_loss")})  # every rank: each decides the same forks
     return rec
 
 
