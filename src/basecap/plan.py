@@ -327,7 +327,7 @@ def format_plan(rows: list[dict], as_json: bool = False) -> str:
         lines += [
             f"  {r['run']:<{w}}{'up to ' if r.get('level_forks') else ''}{r['branch_steps']} steps on top of {r['steps']} "
             f"(+{100 * r['branch_steps'] / r['steps']:.0f}%)"
-            + (f"; {r['level_forks']} placed by level, counted at their longest" if r.get("level_forks") else "")
+            + (f"; forks placed by level: {r['level_forks']}, each counted at the longest a fork can take" if r.get("level_forks") else "")
             for r in branched
         ]
     problems = [(r["run"], i) for r in rows for i in r["issues"]]
