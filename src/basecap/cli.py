@@ -14,7 +14,7 @@ import argparse
 import sys
 
 from .cli_study import add_plan, add_report, add_run, add_scorecard, add_train
-from .cli_tools import add_bench, add_data, add_eval, add_export, add_mixers, add_peak
+from .cli_tools import add_anneal, add_bench, add_data, add_eval, add_export, add_mixers, add_peak
 
 
 EPILOG = """examples:
@@ -36,7 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for add in (add_data, add_train, add_eval, add_report, add_run, add_mixers, add_export, add_plan, add_bench, add_peak, add_scorecard):
+    for add in (add_data, add_train, add_eval, add_report, add_run, add_mixers, add_export, add_plan, add_bench, add_peak, add_scorecard, add_anneal):
         add(sub)
     return p
 

@@ -183,6 +183,28 @@ def add_peak(sub) -> None:
     pk.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
 
 
+def _cmd_anneal(args):
+    """Annealed points added to finished runs (``basecap.replay``): each replays the run to the fork and checks the
+    replay against the run's records before it adds anything."""
+    from .replay import add_forks
+
+    for run_dir in args.run_dirs:
+        add_forks(run_dir, args.at)
+
+
+def add_anneal(sub) -> None:
+    a = command(
+        sub,
+        "anneal",
+        _cmd_anneal,
+        "add an annealed point (a cooldown branch) to a finished run, forked at a step it has passed",
+        "The run is trained again from step 0 to the fork in a scratch folder; its records must equal the run's own, "
+        "bit for bit, before the point is added (docs/metrics.md, 'Annealed points added afterwards').",
+    )
+    a.add_argument("run_dirs", nargs="+", type=Path, metavar="RUN_DIR")
+    a.add_argument("--at", type=int, action="append", required=True, metavar="STEP", help="fork step (repeatable)")
+
+
 def _cmd_bench(args):
     mod = importlib.import_module(f"basecap.bench.{args.name}")
     mod.main(args.args)

@@ -134,17 +134,18 @@ class _Run:
         return self.cfg.train.batch_size * self.cfg.data.seq_len
 
 
-def train(cfg: RunConfig, run_dir, corpus=None, log=print) -> dict:
+def train(cfg: RunConfig, run_dir, corpus=None, log=print, stop_at: int | None = None) -> dict:
     """Train one run into ``run_dir`` (resuming from its last good checkpoint) and return the final
-    evaluation record. A finished run is not trained again. ``cfg`` is a resolved run config."""
+    evaluation record. A finished run is not trained again. ``cfg`` is a resolved run config. ``stop_at``: leave
+    after that many steps (and a branch forked there), unfinished: ``basecap.replay`` rebuilds a run's state so."""
     check_loggers(cfg.train.loggers)  # a missing optional package fails before any compute
     device, amp_dtype = resolve_device(cfg, int(os.environ.get("LOCAL_RANK", "0")))
     env = init_distributed(device.type, cfg.train.dist_timeout_s)
     with RunDir(run_dir).lock(env):  # one process (one torchrun job) per run directory, for the whole run
-        return _train(cfg, RunDir(run_dir), env, device, amp_dtype, corpus, log)
+        return _train(cfg, RunDir(run_dir), env, device, amp_dtype, corpus, log, stop_at)
 
 
-def _train(cfg: RunConfig, rd: RunDir, env: DistEnv, device, amp_dtype, corpus, log) -> dict:
+def _train(cfg: RunConfig, rd: RunDir, env: DistEnv, device, amp_dtype, corpus, log, stop_at: int | None = None) -> dict:
     if env.active and cfg.train.batch_size % (env.world_size * cfg.train.grad_accum):
         raise ConfigError(
             f"train.batch_size={cfg.train.batch_size} must be divisible by world_size x grad_accum = {env.world_size} x {cfg.train.grad_accum}"
@@ -166,7 +167,7 @@ def _train(cfg: RunConfig, rd: RunDir, env: DistEnv, device, amp_dtype, corpus, 
         if owed is not None:  # killed during the branch forked here: finish it before the run goes on
             _branch(run, owed)
         t_last = time.perf_counter()
-        for step in range(run.start, cfg.train.steps):
+        for step in range(run.start, stop_at or cfg.train.steps):
             loss, lr, gnorm = _step(run, step)
             now = time.perf_counter()
             _record_step(run, step + 1, loss, lr, gnorm, run.tokens_per_step / max(now - t_last, 1e-9))
@@ -185,6 +186,8 @@ def _train(cfg: RunConfig, rd: RunDir, env: DistEnv, device, amp_dtype, corpus, 
             if fork:
                 _branch(run, done)
                 t_last = time.perf_counter()
+        if stop_at is not None and stop_at < cfg.train.steps:
+            return final or {}
         return _finish(run, final)
 
 

@@ -1,0 +1,84 @@
+"""Annealed points added to a finished run afterwards (``basecap anneal RUN_DIR --at STEP [--at STEP]``).
+
+A cooldown branch needs the run's exact state at its fork, and a finished run keeps only its last checkpoints. But
+training is a pure function of the resolved config (same data order, same initialisation, same kernels on the same
+machine), and branches leave the main run bit-identical (``basecap.cooldown``). So the state at step ``s`` is
+rebuilt by training the run's own config again from step 0 to ``s`` in a scratch folder, where the branch forks as
+it would have in the first place. Before the point is added, every training and evaluation record of the replay is
+compared with the run's own records up to ``s``, bit for bit (timings aside): a replay that differs (another
+machine, other kernels, a changed trainer) adds nothing and says where it differs. The run's ``run.json`` then
+lists ``s`` among its ``train.cooldowns``, as if it had been trained with it, and ``replayed_forks`` says which
+points were added this way, at which commit, checked against how many records.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from .atomic import atomic_write
+from .config_base import ConfigError
+from .rundir import RunDir, git_state
+
+TIMINGS = ("tokens_per_s", "mfu")
+
+
+def _main_records(records: list[dict], upto: int) -> list[dict]:
+    return [{k: v for k, v in r.items() if k not in TIMINGS} for r in records if r["kind"] in ("train", "eval") and r["step"] <= upto]
+
+
+def add_forks(run_dir: str | Path, steps: list[int], corpus=None, log=print) -> list[dict]:
+    """Add the annealed points of branches forked after each of ``steps`` to the finished run in ``run_dir`` (one
+    replay, to the last of them); returns the points."""
+    from .config import validate_run
+    from .train import train
+
+    rd = RunDir(run_dir)
+    if rd.read_done() is None:
+        raise ConfigError(f"{rd.path}: not a finished run (no done.json); a run still training forks its branches itself")
+    if not rd.metrics_path.is_file():
+        raise ConfigError(f"{rd.path}: its records are archived (metrics.jsonl.zst); add points to the run folder, not to results/")
+    info = rd.read_info()
+    cfg = validate_run(info["config"])
+    records = rd.read_metrics()
+    steps = sorted(set(steps))
+    for step in steps:
+        if not 0 < step < cfg.train.steps:
+            raise ConfigError(f"--at {step}: a fork must lie inside (0, steps={cfg.train.steps})")
+        if any(r["kind"] == "anneal" and r["step"] == step for r in records):
+            raise ConfigError(f"{rd.path}: already has an annealed point forked at step {step}")
+        if round(cfg.train.cooldown_fraction * step) < 1:
+            raise ConfigError(f"--at {step}: cooldown_fraction={cfg.train.cooldown_fraction} gives this fork no step of decay")
+    last = steps[-1]
+    scratch = rd.path / "cooldown" / f"replay_{last:08d}"
+    shutil.rmtree(scratch, ignore_errors=True)
+    replay_train = cfg.train.model_copy(update={"cooldowns": steps, "cooldown_levels": [], "loggers": ["jsonl"], "progress": False})
+    replay = cfg.model_copy(update={"train": replay_train})
+    log(f"[{cfg.run_id}] replaying steps 0-{last} to fork cooldown branches at {', '.join(map(str, steps))}")
+    train(replay, scratch, corpus=corpus, log=log, stop_at=last)
+    got = RunDir(scratch).read_metrics()
+    want, have = _main_records(records, last), _main_records(got, last)
+    if have != want:
+        first = next((i for i, (a, b) in enumerate(zip(have, want)) if a != b), min(len(have), len(want)))
+        where = want[first] if first < len(want) else have[first]
+        raise RuntimeError(
+            f"{rd.path}: the replay differs from the run's records at its {where['kind']} record of step {where['step']} "
+            f"({len(have)} replayed, {len(want)} recorded): the run cannot be rebuilt exactly here, so no point was added "
+            f"(the scratch folder {scratch} is kept for a look)"
+        )
+    points = [r for r in got if r["kind"] == "anneal"]
+    merged = list(records)
+    for point in points:  # each where a branch trained in the run would stand: after the run's records of its fork step
+        at = max(i for i, r in enumerate(merged) if r["step"] <= point["step"]) + 1
+        merged.insert(at, point)
+    atomic_write(rd.metrics_path, "".join(json.dumps(r) + "\n" for r in merged))
+    commit, dirty = git_state()
+    info["config"]["train"]["cooldowns"] = sorted({*cfg.train.cooldowns, *steps})
+    info.setdefault("replayed_forks", []).append({"steps": steps, "commit": commit, "dirty": dirty, "checked_records": len(want)})
+    rd.write_info(info)
+    shutil.rmtree(scratch, ignore_errors=True)
+    for point in points:
+        log(f"[{cfg.run_id}] annealed point at step {point['step']} added: in-domain loss {point['in_domain_loss']:.4f}")
+    log(f"[{cfg.run_id}] the replay equals the run's {len(want)} records up to step {last}")
+    return points
