@@ -98,7 +98,7 @@ LAYERS = [
     ["data", "mixers", "tracking"],
     ["model", "matching", "config", "config_run", "config_sections"],
     ["rundir", "checkpoint", "peak"],
-    ["train", "cooldown", "eval", "report", "reuse", "compile"],
+    ["train", "cooldown", "replay", "eval", "report", "reuse", "compile"],
     ["experiment", "bench", "hf", "catalog", "plan", "sweep", "tune", "scorecard"],
     ["cli", "cli_parse", "cli_study", "cli_tools", "__main__", "lm_eval_plugin"],
 ]
