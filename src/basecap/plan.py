@@ -49,7 +49,7 @@ def gpu_spec(gpu: str) -> tuple[str, dict[str, float]]:
     raise ConfigError(f"--gpu-type: unknown GPU {gpu!r}; allowed: {', '.join(GPUS)} (or {', '.join(GPU_ALIASES)})")
 
 
-def _vocab(rc: RunConfig) -> tuple[int, str]:
+def run_vocab(rc: RunConfig) -> tuple[int, str]:
     """The vocabulary the run will train with: an explicit model.vocab_size, else the recipe's tokenizer."""
     if "vocab_size" in rc.model.model_fields_set:
         return rc.model.vocab_size, "model.vocab_size"
@@ -123,7 +123,7 @@ def plan_run(rc: RunConfig, gpus: int = 8, gpu: str = "H100-80GB", mfu: float = 
         raise ConfigError(f"--mfu: must be in (0, 1], got {mfu}")
     gpu_name, spec = gpu_spec(gpu)
     parallel = parallel or rc.train.parallel
-    vocab, vocab_source = _vocab(rc)
+    vocab, vocab_source = run_vocab(rc)
     with torch.device("meta"):
         model = LM(rc.model.model_copy(update={"vocab_size": vocab}))
     T, tr = rc.data.seq_len, rc.train

@@ -249,6 +249,7 @@ def _setup(cfg: RunConfig, rd: RunDir, env: DistEnv, device, amp_dtype, corpus, 
     if env.is_main:
         rd.truncate_metrics(start)
         rd.write_info(info | {"wall": wall})
+    kept = [r for r in rd.read_metrics() if r.get("step", 0) <= start]  # every rank: what truncation keeps
     # the trackers fill what they lack up to the checkpoint from metrics.jsonl, and skip what they hold
     tracker = open_loggers(
         cfg.train.loggers,
@@ -257,7 +258,7 @@ def _setup(cfg: RunConfig, rd: RunDir, env: DistEnv, device, amp_dtype, corpus, 
         name=cfg.run_id,
         group=cfg.name,
         config=info,
-        history=rd.read_metrics() if env.is_main else (),
+        history=kept if env.is_main else (),
         enabled=env.is_main,
     )
     if start == 0:
@@ -282,9 +283,7 @@ def _setup(cfg: RunConfig, rd: RunDir, env: DistEnv, device, amp_dtype, corpus, 
         train_flops_per_token=3 * info["flops_per_token"],
         peak_flops=peak["per_device"] * env.world_size,
         wall=wall,
-        history=[
-            {k: r[k] for k in ("kind", "step", "in_domain_loss")} for r in rd.read_metrics() if r["kind"] in ("eval", "anneal") and r["step"] <= start
-        ],
+        history=[{k: r[k] for k in ("kind", "step", "in_domain_loss")} for r in kept if r["kind"] in ("eval", "anneal")],
     )
     if cfg.train.progress and env.is_main:
         from tqdm import tqdm

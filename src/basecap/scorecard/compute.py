@@ -158,12 +158,12 @@ def scale_of_config(root: Path, experiment: str, size: str, run: str) -> dict:
     from ..config import load_experiment
     from ..matching import resolve
     from ..model import build_model
-    from ..plan import _vocab
+    from ..plan import run_vocab
 
     exp = load_experiment(root / "experiments" / "paper" / experiment, [f"size={size}"])
     rc = next(rc for rc in exp.run_configs() if rc.name.split("@")[0] == run)
     with torch.device("meta"):
-        counts = build_model(resolve(rc).model, _vocab(rc)[0]).param_counts()
+        counts = build_model(resolve(rc).model, run_vocab(rc)[0]).param_counts()
     return {
         "params": counts["total"],
         "params_non_embedding": counts["non_embedding"],
