@@ -6,7 +6,7 @@ import json
 import pytest
 
 from basecap.config_base import ConfigError
-from basecap.replay import add_forks
+from basecap.replay import add_forks, add_level_forks
 from basecap.train import train
 from test_cooldown import quiet, records
 from test_train import run_cfg
@@ -49,3 +49,34 @@ def test_a_replay_that_differs_adds_nothing(tiny_corpus, tiny_recipe_path, tmp_p
     (run / "done.json").unlink()
     with pytest.raises(ConfigError, match="not a finished run"):
         add_forks(run, [4], corpus=tiny_corpus, log=quiet)
+
+
+def test_level_forks_added_afterwards_equal_the_ones_placed_while_training(tiny_corpus, tiny_recipe_path, tmp_path):
+    import shutil
+
+    base = dict(steps=24, schedule="wsd", checkpoint_every=8, cooldowns=[4], cooldown_fraction=0.5)
+    train(run_cfg(tiny_recipe_path, **base), tmp_path / "fixed", corpus=tiny_corpus, log=quiet)
+    fixed = records(tmp_path / "fixed")
+    evals = {r["step"]: r["in_domain_loss"] for r in fixed if r["kind"] == "eval"}
+    drop = evals[4] - next(r["in_domain_loss"] for r in fixed if r["kind"] == "anneal")
+    level = (evals[12] + evals[16]) / 2 - drop  # reached at 16 (test_cooldown_levels places it there while training)
+    train(run_cfg(tiny_recipe_path, **base, cooldown_levels=[level]), tmp_path / "native", corpus=tiny_corpus, log=quiet)
+    shutil.copytree(tmp_path / "fixed", tmp_path / "later")
+    msgs: list[str] = []
+    points = add_level_forks(tmp_path / "later", [level], corpus=tiny_corpus, log=msgs.append)
+    assert [(p["step"], p["end_step"]) for p in points] == [(16, 24)]
+    assert strip(records(tmp_path / "later")) == strip(records(tmp_path / "native"))  # the level marked on the point too
+    info = json.loads((tmp_path / "later" / "run.json").read_text())
+    assert info["config"]["train"]["cooldowns"] == [4] and info["config"]["train"]["cooldown_levels"] == [level]
+    assert info["replayed_forks"][-1]["levels"] == [level] and info["replayed_forks"][-1]["steps"] == [16]
+    # asked again: the level is served, nothing is replayed or added
+    assert add_level_forks(tmp_path / "later", [level], corpus=tiny_corpus, log=msgs.append) == []
+    assert strip(records(tmp_path / "later")) == strip(records(tmp_path / "native"))
+
+    # a level served at a step the run forked at anyway marks that point and trains nothing
+    shutil.copytree(tmp_path / "fixed", tmp_path / "at16")
+    add_forks(tmp_path / "at16", [16], corpus=tiny_corpus, log=quiet)
+    msgs.clear()
+    assert add_level_forks(tmp_path / "at16", [level], corpus=tiny_corpus, log=msgs.append) == []
+    assert [r.get("levels") for r in records(tmp_path / "at16") if r["kind"] == "anneal"] == [None, [level]]
+    assert any("(forked already)" in m for m in msgs) and not any("replaying" in m for m in msgs)

@@ -186,10 +186,16 @@ def add_peak(sub) -> None:
 def _cmd_anneal(args):
     """Annealed points added to finished runs (``basecap.replay``): each replays the run to the fork and checks the
     replay against the run's records before it adds anything."""
-    from .replay import add_forks
+    from .config_base import ConfigError
+    from .replay import add_forks, add_level_forks
 
+    if not args.at and not args.level:
+        raise ConfigError("basecap anneal: say where to fork, --at STEP or --level LOSS (either repeatable)")
     for run_dir in args.run_dirs:
-        add_forks(run_dir, args.at)
+        if args.at:
+            add_forks(run_dir, args.at)
+        if args.level:
+            add_level_forks(run_dir, args.level)
 
 
 def add_anneal(sub) -> None:
@@ -197,12 +203,20 @@ def add_anneal(sub) -> None:
         sub,
         "anneal",
         _cmd_anneal,
-        "add an annealed point (a cooldown branch) to a finished run, forked at a step it has passed",
+        "add an annealed point (a cooldown branch) to a finished run, forked at a step it has passed or where a level is reached",
         "The run is trained again from step 0 to the fork in a scratch folder; its records must equal the run's own, "
         "bit for bit, before the point is added (docs/metrics.md, 'Annealed points added afterwards').",
     )
     a.add_argument("run_dirs", nargs="+", type=Path, metavar="RUN_DIR")
-    a.add_argument("--at", type=int, action="append", required=True, metavar="STEP", help="fork step (repeatable)")
+    a.add_argument("--at", type=int, action="append", default=[], metavar="STEP", help="fork step (repeatable)")
+    a.add_argument(
+        "--level",
+        type=float,
+        action="append",
+        default=[],
+        metavar="LOSS",
+        help="an in-domain loss: fork where train.cooldown_levels would have (repeatable; recorded in the run's cooldown_levels)",
+    )
 
 
 def _cmd_bench(args):

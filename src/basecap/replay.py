@@ -1,4 +1,4 @@
-"""Annealed points added to a finished run afterwards (``basecap anneal RUN_DIR --at STEP [--at STEP]``).
+"""Annealed points added to a finished run afterwards (``basecap anneal RUN_DIR --at STEP`` or ``--level LOSS``).
 
 A cooldown branch needs the run's exact state at its fork, and a finished run keeps only its last checkpoints. But
 training is a pure function of the resolved config (same data order, same initialisation, same kernels on the same
@@ -9,6 +9,11 @@ compared with the run's own records up to ``s``, bit for bit (timings aside): a 
 machine, other kernels, a changed trainer) adds nothing and says where it differs. The run's ``run.json`` then
 lists ``s`` among its ``train.cooldowns``, as if it had been trained with it, and ``replayed_forks`` says which
 points were added this way, at which commit, checked against how many records.
+
+``--level`` adds the forks ``train.cooldown_levels`` would have placed (``cooldown.level_forks``), decided from the
+run's records as the run decides them while training, one replay per new fork (a fork's own point is among the records
+that decide the next); a level served at a step the run already forked at marks that point. ``run.json`` then lists the
+levels in ``train.cooldown_levels``, as if the run had been trained with them.
 """
 
 from __future__ import annotations
@@ -28,31 +33,32 @@ def _main_records(records: list[dict], upto: int) -> list[dict]:
     return [{k: v for k, v in r.items() if k not in TIMINGS} for r in records if r["kind"] in ("train", "eval") and r["step"] <= upto]
 
 
-def add_forks(run_dir: str | Path, steps: list[int], corpus=None, log=print) -> list[dict]:
-    """Add the annealed points of branches forked after each of ``steps`` to the finished run in ``run_dir`` (one
-    replay, to the last of them); returns the points."""
-    from .config import validate_run
-    from .train import train
-
+def _finished(run_dir: str | Path) -> tuple[RunDir, dict]:
     rd = RunDir(run_dir)
     if rd.read_done() is None:
         raise ConfigError(f"{rd.path}: not a finished run (no done.json); a run still training forks its branches itself")
     if not rd.metrics_path.is_file():
         raise ConfigError(f"{rd.path}: its records are archived (metrics.jsonl.zst); add points to the run folder, not to results/")
-    info = rd.read_info()
-    cfg = validate_run(info["config"])
+    return rd, rd.read_info()
+
+
+def _replay(rd: RunDir, info: dict, steps: list[int], corpus, log, flag: str) -> tuple[list[dict], int]:
+    """Replay the run to the last of ``steps`` with branches forked at each, check it against the run's records and
+    insert the points into them; returns (the points, the number of records checked)."""
+    from .config import validate_run
+    from .train import train
+
     records = rd.read_metrics()
-    steps = sorted(set(steps))
     done = [s for s in steps if any(r["kind"] == "anneal" and r["step"] == s for r in records)]
     if done:
         raise ConfigError(f"{rd.path}: already has an annealed point forked at step {done[0]}")
     # the run's config forking only at ``steps``: validated as any config (each fork inside the run, with a step of decay)
     train_over = {"cooldowns": steps, "cooldown_levels": [], "loggers": ["jsonl"], "progress": False}
-    replay = validate_run({**info["config"], "train": {**info["config"]["train"], **train_over}}, prefix="--at")
+    replay = validate_run({**info["config"], "train": {**info["config"]["train"], **train_over}}, prefix=flag)
     last = steps[-1]
     scratch = rd.path / "cooldown" / f"replay_{last:08d}"
     shutil.rmtree(scratch, ignore_errors=True)
-    log(f"[{cfg.run_id}] replaying steps 0-{last} to fork cooldown branches at {', '.join(map(str, steps))}")
+    log(f"[{replay.run_id}] replaying steps 0-{last} to fork cooldown branches at {', '.join(map(str, steps))}")
     train(replay, scratch, corpus=corpus, log=log, stop_at=last)
     got = RunDir(scratch).read_metrics()
     want, have = _main_records(records, last), _main_records(got, last)
@@ -70,12 +76,66 @@ def add_forks(run_dir: str | Path, steps: list[int], corpus=None, log=print) -> 
         at = max(i for i, r in enumerate(merged) if r["step"] <= point["step"]) + 1
         merged.insert(at, point)
     atomic_write(rd.metrics_path, "".join(json.dumps(r) + "\n" for r in merged))
-    commit, dirty = git_state()
-    info["config"]["train"]["cooldowns"] = sorted({*cfg.train.cooldowns, *steps})
-    info.setdefault("replayed_forks", []).append({"steps": steps, "commit": commit, "dirty": dirty, "checked_records": len(want)})
-    rd.write_info(info)
     shutil.rmtree(scratch, ignore_errors=True)
     for point in points:
-        log(f"[{cfg.run_id}] annealed point at step {point['step']} added: in-domain loss {point['in_domain_loss']:.4f}")
-    log(f"[{cfg.run_id}] the replay equals the run's {len(want)} records up to step {last}")
+        log(f"[{replay.run_id}] annealed point at step {point['step']} added: in-domain loss {point['in_domain_loss']:.4f}")
+    log(f"[{replay.run_id}] the replay equals the run's {len(want)} records up to step {last}")
+    return points, len(want)
+
+
+def add_forks(run_dir: str | Path, steps: list[int], corpus=None, log=print) -> list[dict]:
+    """Add the annealed points of branches forked after each of ``steps`` to the finished run in ``run_dir`` (one
+    replay, to the last of them); returns the points."""
+    from .config import validate_run
+
+    rd, info = _finished(run_dir)
+    cfg = validate_run(info["config"])
+    steps = sorted(set(steps))
+    points, checked = _replay(rd, info, steps, corpus, log, "--at")
+    commit, dirty = git_state()
+    info["config"]["train"]["cooldowns"] = sorted({*cfg.train.cooldowns, *steps})
+    info.setdefault("replayed_forks", []).append({"steps": steps, "commit": commit, "dirty": dirty, "checked_records": checked})
+    rd.write_info(info)
     return points
+
+
+def add_level_forks(run_dir: str | Path, levels: list[float], corpus=None, log=print) -> list[dict]:
+    """Add the forks ``train.cooldown_levels`` would have placed for ``levels`` to the finished run in ``run_dir``;
+    returns the points added (a level served at a step the run already forked at adds none)."""
+    from .config import validate_run
+    from .cooldown import level_forks
+
+    rd, info = _finished(run_dir)
+    cfg = validate_run(info["config"])
+    levels = sorted({*cfg.train.cooldown_levels, *levels}, reverse=True)
+    tc = validate_run({**info["config"], "train": {**info["config"]["train"], "cooldown_levels": levels}}, prefix="--level").train
+    added: list[dict] = []
+    checks: list[int] = []
+    while True:  # one fork at a time: its point may change where the next level is placed, as it would in training
+        records = rd.read_metrics()
+        placed = level_forks(tc, records)
+        forked = {r["step"] for r in records if r["kind"] == "anneal"}
+        new = sorted(s for s in placed if s not in forked)
+        if not new:
+            break
+        points, checked = _replay(rd, info, new[:1], corpus, log, "--level")
+        added += points
+        checks.append(checked)
+    records = rd.read_metrics()
+    for r in records:
+        if r["kind"] == "anneal" and r["step"] in placed:
+            r["levels"] = placed[r["step"]]  # as the branch records it when the run places it itself
+    atomic_write(rd.metrics_path, "".join(json.dumps(r) + "\n" for r in records))
+    if not placed:
+        log(f"[{cfg.run_id}] no evaluation of the run reaches the levels {levels} by the rule of train.cooldown_levels; nothing added")
+    for s, lv in sorted(placed.items()):
+        log(
+            f"[{cfg.run_id}] level {', '.join(map(str, lv))} served by the fork at step {s}"
+            + ("" if s in {p["step"] for p in added} else " (forked already)")
+        )
+    commit, dirty = git_state()
+    info["config"]["train"]["cooldown_levels"] = levels
+    entry = {"levels": levels, "steps": sorted(p["step"] for p in added), "commit": commit, "dirty": dirty, "checked_records": checks}
+    info.setdefault("replayed_forks", []).append(entry)
+    rd.write_info(info)
+    return added
