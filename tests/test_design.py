@@ -94,6 +94,10 @@ def test_seen_targets_and_annealed_points_take_out_what_the_design_is_built_to_r
     assert by(summary, "evals_seen", "fast")["mean_gap"] == pytest.approx(0.31, abs=1e-9)
     assert by(summary, "evals_all", "fast")["mean_gap"] == pytest.approx(0.51, abs=1e-9)
     assert summary["comparisons"] == summary["comparisons_by_measure"]["annealed_seen"]
+    # points inside the band, the run's and its reference's: evaluations at 3.73 and 3.55 for the reference, 3.58 for
+    # the faster run; one annealed point each (3.7)
+    assert by(summary, "evals_seen", "fast")["points_in_band"] == {"run": 1, "reference": 2}
+    assert by(summary, "annealed_seen", "fast")["points_in_band"] == {"run": 1, "reference": 1}
     assert summary["strata_shares"]["prose"]["code"] == {"seen": 0.8, "rare": 0.2, "unseen": 0.0}
     md = (tmp_path / "rep" / "report.md").read_text()
     assert "## Comparison design" in md and "## The gap under each measure" in md and (tmp_path / "rep" / "gap_vs_level.png").is_file()

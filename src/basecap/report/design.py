@@ -122,13 +122,16 @@ def measure_comparisons(pairs: list[tuple[Run, Run]], m: Measure, design: dict, 
     cs = [(curves(r, m, domains, match), curves(f, m, domains, match)) for r, f in pairs]
     ok = [(a, b) for a, b in cs if a is not None and b is not None]
     comps = build_comparisons(ok, domains, smooth=1 if m.points == "annealed" else smooth, band=band)
-    if band is not None:
-        fewest: dict[str, int] = {}
+    if band is not None:  # per run, the fewest points of any seed's curve in the band: its own, and its reference's
+        own: dict[str, int] = {}
+        ref: dict[str, int] = {}
         for a, b in ok:
-            n = min(points_in_band(a.in_domain, band), points_in_band(b.in_domain, band))
-            fewest[a.name] = min(fewest.get(a.name, n), n)
+            own[a.name] = min(own.get(a.name, 10**9), points_in_band(a.in_domain, band))
+            ref[a.name] = min(ref.get(a.name, 10**9), points_in_band(b.in_domain, band))
         for c in comps:
-            c["fewest_points_in_band"] = fewest.get(c["run"])
+            if c["run"] in own:
+                c["points_in_band"] = {"run": own[c["run"]], "reference": ref[c["run"]]}
+                c["fewest_points_in_band"] = min(own[c["run"]], ref[c["run"]])
     for c in comps:
         c["measure"] = m.name
     return comps

@@ -67,13 +67,18 @@ def measure_sections(summary: dict) -> list[str]:
     if band:
         lines += [
             "",
-            "Fewest points of a curve inside the band (primary measure, any seed): "
-            + ", ".join(f"{c['run']} {c['fewest_points_in_band']}" for c in band if c["domain"] == band[0]["domain"])
-            + ".",
+            "Fewest points of a curve inside the band (primary measure, any seed), the run's / its reference's: "
+            + ", ".join(_points(c) for c in band if c["domain"] == band[0]["domain"])
+            + ". Between two points the curve is interpolated; with none inside, the band's gap rests on the points around it.",
         ]
     lines += _interaction_table(summary.get("interactions") or [])
     lines += _strata_table(summary.get("strata_shares") or {})
     return lines
+
+
+def _points(c: dict) -> str:
+    p = c.get("points_in_band")  # summaries written before the split give only the smaller of the two
+    return f"{c['run']} {p['run']} / {p['reference']}" if p else f"{c['run']} {c['fewest_points_in_band']}"
 
 
 def _interaction_table(rows: list[dict]) -> list[str]:
