@@ -52,14 +52,22 @@ def test_level_config_is_validated(tiny_recipe_path):
     assert total_branch_steps(tc) == 2 + 2 * 10  # a level fork counted at its longest (round(0.25 x 39))
 
 
-def test_a_level_fork_lands_where_the_records_say_and_the_main_run_is_unchanged(tiny_corpus, tiny_recipe_path, tmp_path):
-    base = dict(steps=24, schedule="wsd", checkpoint_every=8, cooldowns=[4], cooldown_fraction=0.5)
-    train(run_cfg(tiny_recipe_path, **base), tmp_path / "fixed", corpus=tiny_corpus, log=quiet)
-    fixed = records(tmp_path / "fixed")
+LEVEL_BASE = dict(steps=24, schedule="wsd", checkpoint_every=8, cooldowns=[4], cooldown_fraction=0.5)
+
+
+def fixed_run_and_level(tiny_recipe_path, tiny_corpus, run_dir):
+    """A run with one fixed fork (at 4) trained in ``run_dir``, its records, and a level its rule places at step 16."""
+    train(run_cfg(tiny_recipe_path, **LEVEL_BASE), run_dir, corpus=tiny_corpus, log=quiet)
+    fixed = records(run_dir)
     evals = {r["step"]: r["in_domain_loss"] for r in fixed if r["kind"] == "eval"}
     drop = evals[4] - next(r["in_domain_loss"] for r in fixed if r["kind"] == "anneal")
-    level = (evals[12] + evals[16]) / 2 - drop  # reached at 16, not at 12 (the loss falls over these steps)
     assert evals[16] < evals[12] < evals[8]
+    return fixed, (evals[12] + evals[16]) / 2 - drop  # reached at 16, not at 12 (the loss falls over these steps)
+
+
+def test_a_level_fork_lands_where_the_records_say_and_the_main_run_is_unchanged(tiny_corpus, tiny_recipe_path, tmp_path):
+    base = LEVEL_BASE
+    fixed, level = fixed_run_and_level(tiny_recipe_path, tiny_corpus, tmp_path / "fixed")
     cfg = run_cfg(tiny_recipe_path, **base, cooldown_levels=[level])
     train(cfg, tmp_path / "levels", corpus=tiny_corpus, log=quiet)
     got = records(tmp_path / "levels")

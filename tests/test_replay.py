@@ -9,6 +9,7 @@ from basecap.config_base import ConfigError
 from basecap.replay import add_forks, add_level_forks
 from basecap.train import train
 from test_cooldown import quiet, records
+from test_cooldown_levels import LEVEL_BASE, fixed_run_and_level
 from test_train import run_cfg
 
 STRIP = ("tokens_per_s", "mfu")
@@ -54,13 +55,8 @@ def test_a_replay_that_differs_adds_nothing(tiny_corpus, tiny_recipe_path, tmp_p
 def test_level_forks_added_afterwards_equal_the_ones_placed_while_training(tiny_corpus, tiny_recipe_path, tmp_path):
     import shutil
 
-    base = dict(steps=24, schedule="wsd", checkpoint_every=8, cooldowns=[4], cooldown_fraction=0.5)
-    train(run_cfg(tiny_recipe_path, **base), tmp_path / "fixed", corpus=tiny_corpus, log=quiet)
-    fixed = records(tmp_path / "fixed")
-    evals = {r["step"]: r["in_domain_loss"] for r in fixed if r["kind"] == "eval"}
-    drop = evals[4] - next(r["in_domain_loss"] for r in fixed if r["kind"] == "anneal")
-    level = (evals[12] + evals[16]) / 2 - drop  # reached at 16 (test_cooldown_levels places it there while training)
-    train(run_cfg(tiny_recipe_path, **base, cooldown_levels=[level]), tmp_path / "native", corpus=tiny_corpus, log=quiet)
+    _, level = fixed_run_and_level(tiny_recipe_path, tiny_corpus, tmp_path / "fixed")  # placed at step 16
+    train(run_cfg(tiny_recipe_path, **LEVEL_BASE, cooldown_levels=[level]), tmp_path / "native", corpus=tiny_corpus, log=quiet)
     shutil.copytree(tmp_path / "fixed", tmp_path / "later")
     msgs: list[str] = []
     points = add_level_forks(tmp_path / "later", [level], corpus=tiny_corpus, log=msgs.append)

@@ -121,11 +121,11 @@ def add_level_forks(run_dir: str | Path, levels: list[float], corpus=None, log=p
         points, checked = _replay(rd, info, new[:1], corpus, log, "--level")
         added += points
         checks.append(checked)
-    records = rd.read_metrics()
-    for r in records:
-        if r["kind"] == "anneal" and r["step"] in placed:
-            r["levels"] = placed[r["step"]]  # as the branch records it when the run places it itself
-    atomic_write(rd.metrics_path, "".join(json.dumps(r) + "\n" for r in records))
+    marks = [r for r in records if r["kind"] == "anneal" and r.get("levels") != placed.get(r["step"], r.get("levels"))]
+    for r in marks:
+        r["levels"] = placed[r["step"]]  # as the branch records it when the run places it itself
+    if marks:
+        atomic_write(rd.metrics_path, "".join(json.dumps(r) + "\n" for r in records))
     if not placed:
         log(f"[{cfg.run_id}] no evaluation of the run reaches the levels {levels} by the rule of train.cooldown_levels; nothing added")
     for s, lv in sorted(placed.items()):
