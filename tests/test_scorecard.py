@@ -184,10 +184,12 @@ def _hand_written(readme: Path) -> list[str]:
 def test_numbers_quoted_in_study_readmes_match_summary_json(readme):
     summaries = [json.loads(Path(f).read_text()) for f in glob.glob(str(ROOT / "results/*/summary.json"))]
     by_measure = [c for s in summaries for cs in (s.get("comparisons_by_measure") or {}).values() for c in cs]  # the design's measures
-    triples = [(c.get("mean_gap", c.get("mean_diff")), *c["ci95"]) for s in summaries
-               for c in s["comparisons"] + s["in_domain_comparisons"] + by_measure if c["ci95"]]
+    interactions = [c for s in summaries for c in s.get("interactions") or []]  # limited gap minus mixed gap
+    triples = [(c.get("mean_gap", c.get("mean_diff", c.get("mean"))), *c["ci95"]) for s in summaries
+               for c in s["comparisons"] + s["in_domain_comparisons"] + by_measure + interactions if c["ci95"]]
     own = json.loads((Path(readme).parent / "summary.json").read_text())
-    holm = [c["p_holm"] for c in own["comparisons"] + own["in_domain_comparisons"] if c["p_holm"] is not None]
+    holm = [c["p_holm"] for c in own["comparisons"] + own["in_domain_comparisons"] + (own.get("interactions") or [])
+            if c["p_holm"] is not None]
     bad = []
     for para in _hand_written(Path(readme)):
         for m in TRIPLE.finditer(para):
