@@ -191,11 +191,13 @@ def _cmd_anneal(args):
 
     if not args.at and not args.level:
         raise ConfigError("basecap anneal: say where to fork, --at STEP or --level LOSS (either repeatable)")
+    if args.level_on and not args.level:
+        raise ConfigError("basecap anneal: --level-on says which domains' loss a --level is; give --level LOSS too")
     for run_dir in args.run_dirs:
         if args.at:
             add_forks(run_dir, args.at)
         if args.level:
-            add_level_forks(run_dir, args.level)
+            add_level_forks(run_dir, args.level, domains=args.level_on)
 
 
 def add_anneal(sub) -> None:
@@ -216,6 +218,14 @@ def add_anneal(sub) -> None:
         default=[],
         metavar="LOSS",
         help="an in-domain loss: fork where train.cooldown_levels would have (repeatable; recorded in the run's cooldown_levels)",
+    )
+    a.add_argument(
+        "--level-on",
+        action="append",
+        default=[],
+        metavar="DOMAIN",
+        help="the --level is a loss on this domain (repeatable: their token-weighted loss), as train.cooldown_level_domains; "
+        "e.g. a mixed-domain run matched on prose",
     )
 
 

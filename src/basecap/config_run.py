@@ -48,6 +48,9 @@ class RunConfig(Strict):
                 f"train.cooldown_levels: no step of train.cooldowns={tc.cooldowns} is on the evaluation grid (eval.every="
                 f"{self.eval.every}): the drop a branch gains is measured against the run's evaluation at its fork"
             )
+        off = [d for d in tc.cooldown_level_domains if self.data.eval_domains and d not in self.data.eval_domains]
+        if off:
+            raise ValueError(f"train.cooldown_level_domains: {off} not among data.eval_domains={self.data.eval_domains} (a level needs their loss)")
         m = self.model
         for key, value, most in (
             ("d_model", m.d_model, MAX_D_MODEL),

@@ -72,6 +72,11 @@ class TrainConfig(Strict):
         "the drop the run's latest branch gained, reaches a level no branch has served yet, the run forks a branch "
         "there (basecap.cooldown.level_forks; needs a step of cooldowns on the evaluation grid to measure the drop)",
     )
+    cooldown_level_domains: list[str] = Field(
+        default_factory=list,
+        description="domains whose (token-weighted) loss cooldown_levels are levels of; default: the in-domain loss "
+        "(a mixed-domain run matched on prose names prose, as its study's compare.match_domains)",
+    )
     keep_cooldown_weights: bool = Field(False, description="keep each branch's final weights (annealed/step_<s>/model.safetensors)")
     weight_decay: float = Field(0.1, ge=0)
     betas: tuple[Beta, Beta] = Field((0.9, 0.95), description="AdamW's (beta1, beta2), each in [0, 1)")
@@ -109,6 +114,10 @@ class TrainConfig(Strict):
             raise ValueError(f"cooldowns={self.cooldowns}: each fork step must be unique and inside (0, steps={self.steps})")
         if any(not math.isfinite(v) or v <= 0 for v in self.cooldown_levels) or len(set(self.cooldown_levels)) != len(self.cooldown_levels):
             raise ValueError(f"cooldown_levels={self.cooldown_levels}: each level must be a unique positive loss")
+        if self.cooldown_level_domains and not self.cooldown_levels:
+            raise ValueError(f"cooldown_level_domains={self.cooldown_level_domains} without cooldown_levels places nothing")
+        if len(set(self.cooldown_level_domains)) != len(self.cooldown_level_domains):
+            raise ValueError(f"cooldown_level_domains={self.cooldown_level_domains}: a domain named twice")
         if self.cooldown_levels and not self.cooldowns:
             raise ValueError("cooldown_levels needs at least one step in cooldowns: its branch measures the drop a cooldown gains")
         short = [s for s in self.cooldowns if round(self.cooldown_fraction * s) < 1]

@@ -21,10 +21,20 @@ import shutil
 from pathlib import Path
 
 from .checkpoint import latest_good_checkpoint, list_checkpoints, restore, save_checkpoint
+from .rundir import matched_loss
 
 
 def branch_root(run_path: Path, fork: int) -> Path:
     return run_path / "cooldown" / f"step_{fork:08d}"
+
+
+def level_record(rec: dict, domains: list[str]) -> dict:
+    """What ``level_forks`` reads of an evaluation or annealed point: kind, step, in-domain loss, and the loss and
+    token count of each domain of ``train.cooldown_level_domains``."""
+    out = {k: rec[k] for k in ("kind", "step", "in_domain_loss")}
+    if domains:
+        out["domains"] = {d: {k: rec["domains"][d][k] for k in ("loss", "tokens")} for d in domains if d in rec["domains"]}
+    return out
 
 
 def level_forks(train_cfg, records: list[dict]) -> dict[int, list[float]]:
@@ -32,14 +42,28 @@ def level_forks(train_cfg, records: list[dict]) -> dict[int, list[float]]:
 
     Replayed in order of the main run's evaluations (so a resumed run decides as the uninterrupted one did): at an
     evaluation at step ``s`` before the last, the annealed loss a branch forked there would reach is predicted as the
-    evaluation's in-domain loss less the drop of the run's latest branch forked before ``s`` at an evaluation step
-    (its evaluation at the fork minus its annealed point). Every level not served yet that the prediction reaches is
-    served by a fork at ``s``; before any branch has measured a drop, no level fork is placed."""
+    evaluation's loss less the drop of the run's latest branch forked before ``s`` at an evaluation step (its
+    evaluation at the fork minus its annealed point). Every level not served yet that the prediction reaches is
+    served by a fork at ``s``; before any branch has measured a drop, no level fork is placed. The loss is the
+    in-domain loss, or that of ``train.cooldown_level_domains`` (a study matched on another coordinate, e.g. a
+    mixed-domain run matched on prose)."""
     levels = sorted(train_cfg.cooldown_levels, reverse=True)
     if not levels:
         return {}
-    evals = {r["step"]: r["in_domain_loss"] for r in records if r.get("kind") == "eval"}
-    anneals = sorted((r["step"], r["in_domain_loss"]) for r in records if r.get("kind") == "anneal")
+    on = train_cfg.cooldown_level_domains
+    evals: dict[int, float] = {}
+    anneals: list[tuple[int, float]] = []
+    for r in records:
+        if r.get("kind") not in ("eval", "anneal"):
+            continue
+        x = matched_loss(r, on)
+        if x is None:
+            raise ValueError(f"train.cooldown_level_domains={on}: the {r['kind']} record of step {r['step']} has no loss on them")
+        if r["kind"] == "eval":
+            evals[r["step"]] = x
+        else:
+            anneals.append((r["step"], x))
+    anneals.sort()
     served: set[float] = set()
     out: dict[int, list[float]] = {}
     for s in sorted(evals):

@@ -57,7 +57,13 @@ def prepare_corpus(runs: list[RunConfig], log=print):
     for rc in runs:
         try:
             check_domains(
-                {"data.train_weights": rc.data.train_weights, "data.eval_domains": rc.data.eval_domains or []}, list(recipe.domains), source="recipe"
+                {
+                    "data.train_weights": rc.data.train_weights,
+                    "data.eval_domains": rc.data.eval_domains or [],
+                    "train.cooldown_level_domains": rc.train.cooldown_level_domains,
+                },
+                list(recipe.domains),
+                source="recipe",
             )
         except ConfigError as e:
             raise ConfigError(f"{rc.name}: {e}") from None

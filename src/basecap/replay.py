@@ -53,7 +53,7 @@ def _replay(rd: RunDir, info: dict, steps: list[int], corpus, log, flag: str) ->
     if done:
         raise ConfigError(f"{rd.path}: already has an annealed point forked at step {done[0]}")
     # the run's config forking only at ``steps``: validated as any config (each fork inside the run, with a step of decay)
-    train_over = {"cooldowns": steps, "cooldown_levels": [], "loggers": ["jsonl"], "progress": False}
+    train_over = {"cooldowns": steps, "cooldown_levels": [], "cooldown_level_domains": [], "loggers": ["jsonl"], "progress": False}
     replay = validate_run({**info["config"], "train": {**info["config"]["train"], **train_over}}, prefix=flag)
     last = steps[-1]
     scratch = rd.path / "cooldown" / f"replay_{last:08d}"
@@ -99,16 +99,29 @@ def add_forks(run_dir: str | Path, steps: list[int], corpus=None, log=print) -> 
     return points
 
 
-def add_level_forks(run_dir: str | Path, levels: list[float], corpus=None, log=print) -> list[dict]:
+def add_level_forks(run_dir: str | Path, levels: list[float], corpus=None, log=print, domains: list[str] | None = None) -> list[dict]:
     """Add the forks ``train.cooldown_levels`` would have placed for ``levels`` to the finished run in ``run_dir``;
-    returns the points added (a level served at a step the run already forked at adds none)."""
+    returns the points added (a level served at a step the run already forked at adds none). ``domains``: the
+    levels are losses on these domains (``train.cooldown_level_domains``), not the in-domain loss."""
     from .config import validate_run
+    from .config_base import ConfigError
     from .cooldown import level_forks
 
     rd, info = _finished(run_dir)
     cfg = validate_run(info["config"])
+    on = list(domains or [])
+    if cfg.train.cooldown_levels and on != cfg.train.cooldown_level_domains:
+        raise ConfigError(
+            f"{rd.path}: its levels {cfg.train.cooldown_levels} are on {cfg.train.cooldown_level_domains or 'the in-domain loss'}; "
+            f"levels on {on or 'the in-domain loss'} cannot be added beside them (one coordinate per run)"
+        )
+    known = [d for r in rd.read_metrics() if r.get("kind") == "eval" for d in r.get("domains", {})]
+    off = [d for d in on if d not in known]
+    if off:
+        raise ConfigError(f"{rd.path}: --level-on {off}: the run's evaluations have no such domain; they have {sorted(set(known))}")
     levels = sorted({*cfg.train.cooldown_levels, *levels}, reverse=True)
-    tc = validate_run({**info["config"], "train": {**info["config"]["train"], "cooldown_levels": levels}}, prefix="--level").train
+    train_over = {**info["config"]["train"], "cooldown_levels": levels, "cooldown_level_domains": on}
+    tc = validate_run({**info["config"], "train": train_over}, prefix="--level").train
     added: list[dict] = []
     checks: list[int] = []
     while True:  # one fork at a time: its point may change where the next level is placed, as it would in training
@@ -135,7 +148,16 @@ def add_level_forks(run_dir: str | Path, levels: list[float], corpus=None, log=p
         )
     commit, dirty = git_state()
     info["config"]["train"]["cooldown_levels"] = levels
-    entry = {"levels": levels, "steps": sorted(p["step"] for p in added), "commit": commit, "dirty": dirty, "checked_records": checks}
+    if on:
+        info["config"]["train"]["cooldown_level_domains"] = on
+    entry = {
+        "levels": levels,
+        **({"level_domains": on} if on else {}),
+        "steps": sorted(p["step"] for p in added),
+        "commit": commit,
+        "dirty": dirty,
+        "checked_records": checks,
+    }
     info.setdefault("replayed_forks", []).append(entry)
     rd.write_info(info)
     return added

@@ -45,6 +45,18 @@ class RunDirBusy(RuntimeError):
     """Another process holds the run directory's lock."""
 
 
+def matched_loss(rec: dict, domains: list[str] | None) -> float | None:
+    """A record's loss on the matching coordinate: its in-domain loss, or the token-weighted loss of ``domains``
+    (None where the record lacks one of them)."""
+    if not domains:
+        return rec["in_domain_loss"]
+    doms = rec.get("domains") or {}
+    if any(d not in doms for d in domains):
+        return None
+    n = sum(doms[d]["tokens"] for d in domains)
+    return sum(doms[d]["loss"] * doms[d]["tokens"] for d in domains) / n
+
+
 @functools.lru_cache(maxsize=1)
 def git_state() -> tuple[str | None, bool | None]:
     """(commit, dirty) of the source tree, read once per process: a process keeps the code it imported, so a

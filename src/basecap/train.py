@@ -29,7 +29,7 @@ import torch
 from .checkpoint import latest_good_checkpoint, restore, save_checkpoint
 from .compile import compile_for_training
 from .config import RunConfig
-from .cooldown import forks_at, pending_fork, run_branch
+from .cooldown import forks_at, level_record, pending_fork, run_branch
 from .config_base import ConfigError
 from .distributed import DistEnv, grad_sync, init_distributed, mean_across_ranks, wrap
 from .eval.ood import DomainEvaluator, in_domain_loss
@@ -124,7 +124,7 @@ class _Run:
     bar: Any = None  # tqdm progress bar on rank 0
     wall: dict = field(default_factory=dict)  # run.json's "wall": the sessions whose work the records keep
     t0: float = field(default_factory=time.perf_counter)  # this session's start
-    history: list[dict] = field(default_factory=list)  # evaluations and annealed points so far (kind, step, in-domain loss): where level forks go
+    history: list[dict] = field(default_factory=list)  # evaluations and annealed points so far (cooldown.level_record): where level forks go
 
     def lr_at(self, step: int) -> float:
         return lr_at(step, self.cfg.train)
@@ -206,10 +206,12 @@ def _branch(run: _Run, fork: int) -> dict:
 def _setup(cfg: RunConfig, rd: RunDir, env: DistEnv, device, amp_dtype, corpus, log) -> _Run:
     """Data, model, optimizer and the resume point; writes run.json."""
     from .data import TrainBatches, build_corpus, load_recipe
+    from .data.loader import check_domains
 
+    corpus = corpus or build_corpus(load_recipe(cfg.data.recipe), log=log)
+    check_domains({"train.cooldown_level_domains": cfg.train.cooldown_level_domains}, cfg.data.eval_domains or corpus.domains, source="evaluation")
     if env.is_main:
         rd.create()
-    corpus = corpus or build_corpus(load_recipe(cfg.data.recipe), log=log)
     # the batch of a step does not depend on grad_accum (a memory knob): micro-batches are slices of it
     batches = TrainBatches(
         corpus,
@@ -283,7 +285,7 @@ def _setup(cfg: RunConfig, rd: RunDir, env: DistEnv, device, amp_dtype, corpus, 
         train_flops_per_token=3 * info["flops_per_token"],
         peak_flops=peak["per_device"] * env.world_size,
         wall=wall,
-        history=[{k: r[k] for k in ("kind", "step", "in_domain_loss")} for r in kept if r["kind"] in ("eval", "anneal")],
+        history=[level_record(r, cfg.train.cooldown_level_domains) for r in kept if r["kind"] in ("eval", "anneal")],
     )
     if cfg.train.progress and env.is_main:
         from tqdm import tqdm
@@ -389,7 +391,7 @@ def _evaluate(run: _Run, step: int, kind: str = "eval", extra: dict | None = Non
     if run.env.is_main:
         run.rd.append_metrics(rec)
         run.tracker.log(rec)
-    run.history.append({k: rec[k] for k in ("kind", "step", "in_domain_loss")})  # every rank: each decides the same forks
+    run.history.append(level_record(rec, run.cfg.train.cooldown_level_domains))  # every rank: each decides the same forks
     return rec
 
 

@@ -22,6 +22,7 @@ from typing import cast
 
 import numpy as np
 
+from ..rundir import matched_loss
 from .runs import Run
 from .stats import ALPHA, SMOOTH, RunCurves, build_comparisons, holm, paired_test
 from .summary import EXPERIMENT_FILE
@@ -77,16 +78,6 @@ def load_design(path: Path) -> dict:
         raise ConfigError(f"--compare {path}: {e}") from None
 
 
-def _x(rec: dict, match_domains: list[str] | None) -> float | None:
-    if not match_domains:
-        return rec["in_domain_loss"]
-    doms = rec["domains"]
-    if any(d not in doms for d in match_domains):
-        return None
-    n = sum(doms[d]["tokens"] for d in match_domains)
-    return sum(doms[d]["loss"] * doms[d]["tokens"] for d in match_domains) / n
-
-
 def _y(res: dict, targets: str) -> float | None:
     if targets == "all":
         return res["loss"]
@@ -103,7 +94,7 @@ def annealed_records(run: Run) -> list[dict]:
 def curves(run: Run, m: Measure, domains: list[str], match_domains: list[str] | None) -> RunCurves | None:
     """The run's curve for measure ``m`` (None when its records lack what the measure needs)."""
     recs = annealed_records(run) if m.points == "annealed" else run.evals
-    xs = [_x(r, match_domains) for r in recs]
+    xs = [matched_loss(r, match_domains) for r in recs]
     ys = {d: [_y(r["domains"][d], m.targets) if d in r["domains"] else None for r in recs] for d in domains}
     ys = {d: v for d, v in ys.items() if v and None not in v}
     if not recs or None in xs or not ys:
