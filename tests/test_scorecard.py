@@ -224,3 +224,17 @@ def test_a_superseding_study_answers_its_claims_once_published(tmp_path):
     assert rows["top1_chunk_approx_keeps_shared_lr"]["results"] == "architectures_shared_lr"
     with pytest.raises(ConfigError, match="superseding_runs"):
         load_claims(_claims(tmp_path, lambda t: t.replace('mamba2 = "mamba2_lr2e-3"', 'mamba2 = "mamba9"', 1)), ROOT)
+
+
+def test_a_study_published_in_part_leaves_its_other_claims_not_run(tmp_path):
+    """A study whose runs are not all trained yet may be published in part: the claims it has every run of are
+    answered, the others stay "not run" and say what is missing (not an error)."""
+    root = tmp_path / "repo"
+    shutil.copytree(ROOT / "experiments", root / "experiments")
+    (root / "results").mkdir()
+    src = ROOT / "results" / "ablation_temperature"
+    shutil.copytree(src, root / "results" / "ablation_temperature", ignore=shutil.ignore_patterns("*.png", "*.html", "temp_4.0-s*"))
+    row = next(r for r in build_scorecard(root)["claims"] if r["id"] == "sharper_softmax_helps")
+    assert row["verdict"] == "not run" and row["results"] is None
+    assert row["detail"].startswith("results/ablation_temperature/ is published in part: no records of temp_4.0 yet")
+    assert row["scale"] is not None

@@ -98,6 +98,14 @@ def build_scorecard(root: str | Path = ".", claims_path: str | Path | None = Non
                 else f"experiments/paper/{study.experiment} at size {study.size} (results/{folder}/ not published yet)"
             )
             continue
+        lacking = [r for r in c.runs if not any(k[0] == r for k in st.runs)]
+        if lacking:  # a study published in part (its other runs still training): the claim waits for them
+            row["scale"] = scale_of_config(root, study.experiment, study.size, scale_run)
+            row["detail"] = (
+                f"results/{folder}/ is published in part: no records of {', '.join(lacking)} yet "
+                f"(experiments/paper/{study.experiment} at size {study.size})"
+            )
+            continue
         row["results"] = folder
         got = claim_values(c, st, domains)
         key = comparison_key(c, st, got["used"], domains)
