@@ -115,10 +115,10 @@ def add_level_forks(run_dir: str | Path, levels: list[float], corpus=None, log=p
             f"{rd.path}: its levels {cfg.train.cooldown_levels} are on {cfg.train.cooldown_level_domains or 'the in-domain loss'}; "
             f"levels on {on or 'the in-domain loss'} cannot be added beside them (one coordinate per run)"
         )
-    known = [d for r in rd.read_metrics() if r.get("kind") == "eval" for d in r.get("domains", {})]
+    known = {d for r in rd.read_metrics() if r.get("kind") == "eval" for d in r.get("domains", {})}
     off = [d for d in on if d not in known]
     if off:
-        raise ConfigError(f"{rd.path}: --level-on {off}: the run's evaluations have no such domain; they have {sorted(set(known))}")
+        raise ConfigError(f"{rd.path}: --level-on {off}: the run's evaluations have no such domain; they have {sorted(known)}")
     levels = sorted({*cfg.train.cooldown_levels, *levels}, reverse=True)
     train_over = {**info["config"]["train"], "cooldown_levels": levels, "cooldown_level_domains": on}
     tc = validate_run({**info["config"], "train": train_over}, prefix="--level").train

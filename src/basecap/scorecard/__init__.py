@@ -8,7 +8,7 @@ from pathlib import Path
 
 from ..config_base import ConfigError
 from .claims import CLAIMS_FILE, load_claims, superseding_claim
-from .compute import claim_values, comparison_key, load_study, provenance, scale_of_config, scale_of_run
+from .compute import claim_values, comparison_key, lacking_runs, load_study, provenance, scale_of_config, scale_of_run
 from .verdicts import NOT_RUN, UNTESTABLE, claim_margin, decide, claim_tests
 
 __all__ = ["build_scorecard", "load_claims"]
@@ -32,7 +32,7 @@ def _superseded(c, claims, studies: dict, domains: list[str]):
         return c, None  # with a run map, only the claims whose every run it maps move
     new = superseding_claim(c, old)
     st = studies.get(claims.results_dir(old.superseded_by))
-    if st is None or any(not any(k[0] == r for k in st.runs) for r in new.runs):
+    if st is None or lacking_runs(new.runs, st):
         return c, None
     prev = studies.get(claims.results_dir(c.study))
     if prev is None:
@@ -98,7 +98,7 @@ def build_scorecard(root: str | Path = ".", claims_path: str | Path | None = Non
                 else f"experiments/paper/{study.experiment} at size {study.size} (results/{folder}/ not published yet)"
             )
             continue
-        lacking = [r for r in c.runs if not any(k[0] == r for k in st.runs)]
+        lacking = lacking_runs(c.runs, st)
         if lacking:  # a study published in part (its other runs still training): the claim waits for them
             row["scale"] = scale_of_config(root, study.experiment, study.size, scale_run)
             row["detail"] = (

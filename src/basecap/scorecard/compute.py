@@ -98,13 +98,19 @@ def _domain_mean(gaps: dict[str, dict[int, float]], domains: list[str]) -> dict[
     return {s: float(np.mean([gaps[d][s] for d in domains])) for s in sorted(seeds)}
 
 
+def lacking_runs(runs: list[str], study: Study) -> list[str]:
+    """The runs (by name) of which ``study`` holds no record: a study not published whole yet."""
+    have = {k[0] for k in study.runs}
+    return [r for r in runs if r not in have]
+
+
 def claim_values(claim: Claim, study: Study, domains: list[str]) -> dict:
     """The claim's statistic per seed (``values``, ``seeds``), its parts per domain, the runs it used and notes.
 
     - pair (worse / better / no_effect): the run's gap against the reference, mean over ``domains``;
     - trend: per seed, the least-squares slope of the gap (against the reference, whose gap is 0) on log2 x;
     - interaction: per seed, the gap of run vs reference minus the gap of control_run vs control_reference."""
-    missing = [n for n in claim.runs if not any(k[0] == n for k in study.runs)]
+    missing = lacking_runs(claim.runs, study)
     if missing:
         raise ConfigError(f"claim {claim.id}: study {study.name} has no records of {', '.join(missing)}")
     notes: list[str] = []
