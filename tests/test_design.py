@@ -28,7 +28,7 @@ def test_a_band_outside_the_common_range_gives_no_gap():
     assert not g.ok and "not inside the common in-domain range" in g.reason
 
 
-def write_run(root, name, seed, *, weights=None, gap=0.0, rare_gap=0.0, anneal_gap=None, pace=1.0, mixed_gap=None, model=None):
+def write_run(root, name, seed, *, weights=None, gap=0.0, rare_gap=0.0, anneal_gap=None, pace=1.0, mixed_gap=None, model=None, anneal_at=(4.3, 3.9, 3.5)):
     """A run whose in-domain (prose) loss falls from 5 to 3 over 11 evaluations (``pace`` stretches it); its code loss is
     the in-domain loss + 1 + ``gap`` on seen targets and + ``rare_gap`` more on rare ones (a fifth of the targets), so the
     all-target gap is gap + rare_gap / 5. Annealed points: at three forks, 0.2 lower in-domain, their code gap
@@ -58,7 +58,7 @@ def write_run(root, name, seed, *, weights=None, gap=0.0, rare_gap=0.0, anneal_g
         ind, doms = point(float(x), g)
         recs.append({"kind": "train", "step": i + 1, "loss": ind})
         recs.append({"kind": "eval", "step": 10 * (i + 1), "in_domain_loss": ind, "domains": doms})
-    for j, x in enumerate((4.3, 3.9, 3.5)):
+    for j, x in enumerate(anneal_at):
         ind, doms = point(x - 0.2, gap if anneal_gap is None else anneal_gap)
         recs.append({"kind": "anneal", "step": 30 * (j + 1), "end_step": 36 * (j + 1), "in_domain_loss": ind, "domains": doms})
     recs.sort(key=lambda r: r["step"])
@@ -99,6 +99,8 @@ def test_seen_targets_and_annealed_points_take_out_what_the_design_is_built_to_r
     assert by(summary, "evals_seen", "fast")["points_in_band"] == {"run": 1, "reference": 2}
     assert by(summary, "annealed_seen", "fast")["points_in_band"] == {"run": 1, "reference": 1}
     assert summary["strata_shares"]["prose"]["code"] == {"seen": 0.8, "rare": 0.2, "unseen": 0.0}
+    # every annealed curve reaches 4.1 (the first fork) down to 3.0 (the reference's end; the faster run ends at 2.4)
+    assert summary["reach"]["common"] == pytest.approx([3.0, 4.1]) and summary["reach"]["band_held"]
     md = (tmp_path / "rep" / "report.md").read_text()
     assert "## Comparison design" in md and "## The gap under each measure" in md and (tmp_path / "rep" / "gap_vs_level.png").is_file()
 
@@ -163,3 +165,25 @@ def test_a_size_carries_its_own_design(tmp_path):
     (tmp_path / "y.toml").write_text(text.replace("[4.0, 4.2] }\n[sizes.big]", "[4.0, 4.2] }\n[sizes.big]\ncompare = { band = [2, 1] }"))
     with pytest.raises(ConfigError, match="low < high"):
         load_experiment(tmp_path / "y.toml")
+
+
+def test_a_curve_that_cannot_reach_the_band_is_named_and_the_rule_gives_a_band_inside_every_reach(tmp_path):
+    # a slow run annealed only at 4.3, 4.1 and 3.85 and ending at 4.0: the band 3.4-3.6 is beyond it; the rule's band
+    # starts at the lowest loss every curve reaches (3.85, a multiple of 0.05) and keeps the width: 3.85-4.05, inside
+    # the reference's reach (its highest annealed point is 4.1)
+    design = {"band": [3.4, 3.6], "targets": "seen", "points": "annealed"}
+    runs = [(("ref", s), {}) for s in (0, 1)] + [(("slow", s), {"pace": 0.5, "anneal_at": (4.5, 4.3, 4.05)}) for s in (0, 1)]
+    report(study(tmp_path, design, runs), tmp_path / "rep", reference="ref")
+    summary = json.loads((tmp_path / "rep" / "summary.json").read_text())
+    r = summary["reach"]
+    assert r["runs"]["slow"]["lowest"] == pytest.approx(3.85) and r["runs"]["ref"]["highest"] == pytest.approx(4.1)
+    assert not r["band_held"] and r["rule_band"] == pytest.approx([3.85, 4.05])
+    assert by(summary, "annealed_seen", "slow")["mean_gap"] is None
+    md = (tmp_path / "rep" / "report.md").read_text()
+    assert "does not lie inside" in md and "gives 3.85-4.05" in md and "`slow`" in md
+    # a wider band has no place inside every reach: said, and no band is offered
+    design["band"] = [3.4, 3.8]
+    (tmp_path / "runs" / "experiment.json").write_text(json.dumps({"name": "s", "size": None, "compare": design}))
+    report(sorted((tmp_path / "runs").glob("*-s*")), tmp_path / "rep2", reference="ref")
+    assert json.loads((tmp_path / "rep2" / "summary.json").read_text())["reach"]["rule_band"] is None
+    assert "No band of the same width" in (tmp_path / "rep2" / "report.md").read_text()

@@ -109,7 +109,7 @@ def summarize(runs: list[Run], reference: str | None = None, smooth: int = SMOOT
 
 def _designed(runs: list[Run], groups: dict[str, list[Run]], reference: str, smooth: int, design: dict, legacy: list[dict]) -> dict:
     """The comparisons of every measure of the design (``report.design``), its primary one first."""
-    from .design import interactions, measure_comparisons, measures, strata_shares
+    from .design import interactions, measure_comparisons, measures, reach, strata_shares
 
     ms, primary = measures(design)
     by_measure = {"legacy": legacy}
@@ -122,6 +122,7 @@ def _designed(runs: list[Run], groups: dict[str, list[Run]], reference: str, smo
         "comparisons_by_measure": by_measure,
         "interactions": interactions(by_measure, primary, runs),
         "strata_shares": strata_shares(runs),
+        "reach": reach(runs, design),
     }
 
 

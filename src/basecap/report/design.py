@@ -156,6 +156,41 @@ def gap_curve(pairs: list[tuple[Run, Run]], m: Measure, design: dict, domain: st
     return grid, np.where(n > 0, np.nansum(stack, axis=0) / np.maximum(n, 1), np.nan)
 
 
+RULE_STEP = 0.05  # a band moved by the rule starts on a multiple of this
+
+
+def reach(runs: list[Run], design: dict) -> dict | None:
+    """How far every curve of the primary measure reaches in the matching coordinate, and whether the study's band
+    lies inside: per run, the lowest loss all its seeds reach (the largest of their minima) and the highest (the
+    smallest of their maxima); ``common`` is the same over every run. When the band is not inside, ``rule_band`` is
+    the band of the same width whose bottom is the common lowest loss rounded up to a multiple of RULE_STEP (None if
+    that band is not inside either): a choice made from in-domain losses only (docs/metrics.md, "When a curve
+    cannot reach the band")."""
+    band = design.get("band")
+    if not band:
+        return None
+    points = design.get("points", "annealed")
+    match = design.get("match_domains")
+    per: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    for r in runs:
+        recs = annealed_records(r) if points == "annealed" else r.evals
+        xs = [x for x in (matched_loss(rec, match) for rec in recs) if x is not None]
+        if xs:
+            per[r.name].append((min(xs), max(xs)))
+    if not per:
+        return None
+    by_run = {n: {"lowest": max(lo for lo, _ in v), "highest": min(hi for _, hi in v), "seeds": len(v)} for n, v in per.items()}
+    lo = max(v["lowest"] for v in by_run.values())
+    hi = min(v["highest"] for v in by_run.values())
+    held = lo <= band[0] and band[1] <= hi
+    out: dict = {"points": points, "runs": by_run, "common": [lo, hi], "band_held": held, "rule_band": None}
+    if not held:
+        bottom = round(float(np.ceil(lo / RULE_STEP - 1e-9)) * RULE_STEP, 6)
+        top = round(bottom + (band[1] - band[0]), 6)
+        out["rule_band"] = [bottom, top] if top <= hi else None
+    return out
+
+
 def interactions(by_measure: dict[str, list[dict]], primary: str, runs: list[Run], alpha: float = ALPHA) -> list[dict]:
     """Limited-domain gap minus mixed-domain gap of the same architecture, paired by seed, per held-out domain of
     the limited setting (the paper's claim: the limited setting separates what the mixed one hides). A run's

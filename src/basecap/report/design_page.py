@@ -35,7 +35,34 @@ def design_sections(summary: dict) -> list[str]:
         "cooldown branches' evaluations and each run's own end (its schedule ends at the floor rate); seen targets are the "
         "held-out tokens whose id occurs at least `eval.seen_min_count` times in the training domains' train split, so the "
         "gap is not about rows of the head that training could only push down. The other measures follow the primary table.",
+        *_reach_lines(summary.get("reach"), d["band"]),
     ]
+
+
+def _reach_lines(r: dict | None, band: list[float]) -> list[str]:
+    """Whether every curve of the primary measure reaches the whole band, and the band the rule gives when not."""
+    if not r:
+        return []
+    lo, hi = r["common"]
+    low_by = max(r["runs"], key=lambda n: r["runs"][n]["lowest"])
+    high_by = min(r["runs"], key=lambda n: r["runs"][n]["highest"])
+    text = (
+        f"In-domain reach ({r['points']} points, every run and seed): every curve reaches from {hi:.3f} down to {lo:.3f} "
+        f"(the lowest is set by `{low_by}`, the highest by `{high_by}`). "
+    )
+    if r["band_held"]:
+        return ["", text + f"The band {band[0]:g}-{band[1]:g} lies inside."]
+    text += f"**The band {band[0]:g}-{band[1]:g} does not lie inside**, so a pair whose curves do not hold it has no primary gap. "
+    if r.get("rule_band"):
+        a, b = r["rule_band"]
+        text += (
+            f"The rule of docs/metrics.md (\"When a curve cannot reach the band\") gives {a:g}-{b:g}: the band of the same "
+            "width whose bottom is the lowest loss every curve reaches, rounded up to a multiple of 0.05, decided on in-domain "
+            "losses only. Moving a study's band after its runs trained is a deviation: record it in the study file."
+        )
+    else:
+        text += "No band of the same width lies inside every curve's reach."
+    return ["", text]
 
 
 def _cell(c: dict | None) -> str:

@@ -98,7 +98,7 @@ def build_summary(summary: dict, runs, study: str | None, size: str | None) -> d
             "runs": [_run_entry(n, row, summary["domains"]) for n, row in summary["final"].items() if row["in_domain_loss"]],
             "comparisons": summary["comparisons"],
             "in_domain_comparisons": summary.get("in_domain_comparisons", []),
-            **{k: summary[k] for k in ("design", "comparisons_by_measure", "interactions", "strata_shares") if k in summary},
+            **{k: summary[k] for k in ("design", "comparisons_by_measure", "interactions", "strata_shares", "reach") if k in summary},
         }
     )
 
