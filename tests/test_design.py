@@ -28,7 +28,9 @@ def test_a_band_outside_the_common_range_gives_no_gap():
     assert not g.ok and "not inside the common in-domain range" in g.reason
 
 
-def write_run(root, name, seed, *, weights=None, gap=0.0, rare_gap=0.0, anneal_gap=None, pace=1.0, mixed_gap=None, model=None, anneal_at=(4.3, 3.9, 3.5)):
+def write_run(
+    root, name, seed, *, weights=None, gap=0.0, rare_gap=0.0, anneal_gap=None, pace=1.0, mixed_gap=None, model=None, anneal_at=(4.3, 3.9, 3.5)
+):
     """A run whose in-domain (prose) loss falls from 5 to 3 over 11 evaluations (``pace`` stretches it); its code loss is
     the in-domain loss + 1 + ``gap`` on seen targets and + ``rare_gap`` more on rare ones (a fifth of the targets), so the
     all-target gap is gap + rare_gap / 5. Annealed points: at three forks, 0.2 lower in-domain, their code gap
@@ -37,16 +39,26 @@ def write_run(root, name, seed, *, weights=None, gap=0.0, rare_gap=0.0, anneal_g
     d = root / f"{name}-s{seed}"
     d.mkdir(parents=True)
     weights = weights or {"prose": 1.0}
-    (d / "run.json").write_text(json.dumps({"run_id": f"{name}-s{seed}", "params": {"total": 10, "non_embedding": 8},
-                                            "config": {"name": name, "seed": seed, "data": {"train_weights": weights},
-                                                       "model": model or {"mixer": {"name": name}}}}))
+    (d / "run.json").write_text(
+        json.dumps(
+            {
+                "run_id": f"{name}-s{seed}",
+                "params": {"total": 10, "non_embedding": 8},
+                "config": {"name": name, "seed": seed, "data": {"train_weights": weights}, "model": model or {"mixer": {"name": name}}},
+            }
+        )
+    )
     recs = []
 
     def point(x, g):
         seen = x + 1 + g
         rare = seen + 2 + rare_gap
-        code = {"loss": 0.8 * seen + 0.2 * rare, "bpb": 1.0, "tokens": 100,
-                "strata": {"seen": {"loss": seen, "tokens": 80}, "rare": {"loss": rare, "tokens": 20}, "unseen": {"loss": None, "tokens": 0}}}
+        code = {
+            "loss": 0.8 * seen + 0.2 * rare,
+            "bpb": 1.0,
+            "tokens": 100,
+            "strata": {"seen": {"loss": seen, "tokens": 80}, "rare": {"loss": rare, "tokens": 20}, "unseen": {"loss": None, "tokens": 0}},
+        }
         prose = {"loss": x, "bpb": 1.0, "tokens": 100, "strata": {"seen": {"loss": x, "tokens": 100}}}
         doms = {"prose": prose, "code": code}
         ind = x if "code" not in weights else (x + code["loss"]) / 2
@@ -110,9 +122,12 @@ def test_mixed_control_matched_on_prose_and_the_interaction(tmp_path):
     mixed = {"prose": 1.0, "code": 1.0}
     runs = []
     for s in (0, 1, 2):
-        runs += [(("ref", s), {"model": {"a": 1}}), (("arch", s), {"gap": 0.2 + 0.02 * s, "model": {"b": 1}}),
-                 (("ref_mixed", s), {"weights": mixed, "model": {"a": 1}, "mixed_gap": 0.0}),
-                 (("arch_mixed", s), {"weights": mixed, "model": {"b": 1}, "mixed_gap": -0.1 + 0.01 * s})]
+        runs += [
+            (("ref", s), {"model": {"a": 1}}),
+            (("arch", s), {"gap": 0.2 + 0.02 * s, "model": {"b": 1}}),
+            (("ref_mixed", s), {"weights": mixed, "model": {"a": 1}, "mixed_gap": 0.0}),
+            (("arch_mixed", s), {"weights": mixed, "model": {"b": 1}, "mixed_gap": -0.1 + 0.01 * s}),
+        ]
     dirs = study(tmp_path, design, runs)
     report(dirs, tmp_path / "rep", reference="ref")
     summary = json.loads((tmp_path / "rep" / "summary.json").read_text())
@@ -157,8 +172,7 @@ def test_a_size_carries_its_own_design(tmp_path):
     from basecap.config import load_experiment
     from basecap.config_base import ConfigError
 
-    text = ('name = "x"\nsize = "small"\n[[runs]]\nname = "a"\n[sizes.small]\ncompare = { band = [4.0, 4.2] }\n'
-            '[sizes.big]\ntrain = { steps = 100 }\n')
+    text = 'name = "x"\nsize = "small"\n[[runs]]\nname = "a"\n[sizes.small]\ncompare = { band = [4.0, 4.2] }\n[sizes.big]\ntrain = { steps = 100 }\n'
     (tmp_path / "x.toml").write_text(text)
     assert load_experiment(tmp_path / "x.toml").compare.band == (4.0, 4.2)
     assert load_experiment(tmp_path / "x.toml", ["size=big"]).compare is None
@@ -187,3 +201,29 @@ def test_a_curve_that_cannot_reach_the_band_is_named_and_the_rule_gives_a_band_i
     report(sorted((tmp_path / "runs").glob("*-s*")), tmp_path / "rep2", reference="ref")
     assert json.loads((tmp_path / "rep2" / "summary.json").read_text())["reach"]["rule_band"] is None
     assert "No band of the same width" in (tmp_path / "rep2" / "report.md").read_text()
+
+
+def test_an_ablation_of_two_base_architectures_compares_each_variant_with_its_own_base(tmp_path):
+    from basecap.cli import main
+
+    design = {"band": BAND, "targets": "seen", "points": "annealed"}
+    runs = []
+    for s in (0, 1, 2):
+        runs += [
+            (("a_base", s), {"model": {"mixer": {"name": "A"}}}),
+            (("a_var", s), {"gap": 0.1, "model": {"mixer": {"name": "A"}}}),
+            (("b_base", s), {"gap": 0.5, "model": {"mixer": {"name": "B"}}}),
+            (("b_var", s), {"gap": 0.5 + 0.3 + 0.01 * s, "model": {"mixer": {"name": "B"}}}),
+        ]
+    dirs = study(tmp_path, design, runs)
+    main(["report", *map(str, dirs), "--out", str(tmp_path / "rep"), "--reference", "a_base", "--reference", "b_base"])
+    summary = json.loads((tmp_path / "rep" / "summary.json").read_text())
+    assert summary["references"] == ["a_base", "b_base"] and summary["reference"] == "a_base"
+    got = {(c["run"], c["reference"]): c["mean_gap"] for c in summary["comparisons"]}
+    assert got == pytest.approx({("a_var", "a_base"): 0.1, ("b_var", "b_base"): 0.31})  # no base against the other
+    assert {(c["run"], c["reference"]) for c in summary["in_domain_comparisons"]} == {("a_var", "a_base"), ("b_var", "b_base")}
+    assert "against `a_base` / `b_base` (each run against the reference of its own mixer)" in (tmp_path / "rep" / "report.md").read_text()
+    # one reference: every run against it, as before
+    report(dirs, tmp_path / "rep1", reference="a_base")
+    one = json.loads((tmp_path / "rep1" / "summary.json").read_text())
+    assert {c["run"] for c in one["comparisons"]} == {"a_var", "b_base", "b_var"} and one["references"] == ["a_base"]

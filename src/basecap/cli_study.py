@@ -127,7 +127,13 @@ def add_report(sub) -> None:
     r = command(sub, "report", _cmd_report, "tables and plots from run directories (report.md, report.html, PNGs)")
     r.add_argument("run_dirs", nargs="+")
     r.add_argument("--out", default=None, help="output folder (default: <parent of first run>/report)")
-    r.add_argument("--reference", default=None, help="run name to compare against (default: the first run)")
+    r.add_argument(
+        "--reference",
+        default=None,
+        action="append",
+        help="run name to compare against (default: the first run); repeat it for an ablation of several base architectures: "
+        "each run is then compared with the reference of its own mixer (model.mixer.name), else the first",
+    )
     r.add_argument("--smooth", type=int, default=3, help="moving average over this many evaluations before matching")
     r.add_argument(
         "--compare",

@@ -80,21 +80,35 @@ def _reference_for(run: Run, runs: list[Run], refs: list[Run]) -> Run | None:
     return None
 
 
-def summarize(runs: list[Run], reference: str | None = None, smooth: int = SMOOTH, design: dict | None = None) -> dict:
+def _ref_runs(run: Run, groups: dict[str, list[Run]], refs: list[str]) -> list[Run]:
+    """The runs of the reference for ``run``: with several references, the one whose mixer is the run's
+    (model.mixer.name: an ablation of two base architectures compares each variant with its own base), else the first."""
+    mixer = _mixer(run)
+    return groups[next((n for n in refs if _mixer(groups[n][0]) == mixer), refs[0])]
+
+
+def _mixer(run: Run) -> str | None:
+    return ((run.info.get("config") or {}).get("model") or {}).get("mixer", {}).get("name")
+
+
+def summarize(runs: list[Run], reference: str | list[str] | None = None, smooth: int = SMOOTH, design: dict | None = None) -> dict:
     """Final losses with the unigram baseline and context gain of every run name (mean, sd over seeds),
     and the statistics of every comparison against the reference (``report.stats``). With a study's comparison
     ``design`` (its ``[compare]`` table, ``report.design``) the comparisons are those of its primary measure,
     with every other measure, the limited-vs-mixed interaction and the target strata beside them."""
     groups = _by_name(runs)
     names = list(groups)
-    reference = reference if reference in groups else (names[0] if names else None)
+    refs = [r for r in ([reference] if isinstance(reference, str) else reference or []) if r in groups]
+    refs = refs or names[:1]
+    reference = refs[0] if refs else None
     domains = sorted({d for r in runs for d in r.domains}, key=lambda d: (d not in runs[0].in_domains, d))
     final = {name: _final_row(rs, domains) for name, rs in groups.items()}
     near = [n for n, row in final.items() if row.get("context_gain") and row["context_gain"][0] < NEAR_UNIGRAM_NATS]
-    comps = _comparisons(runs, groups, reference, smooth) if reference else []
-    in_comps = _in_domain_comparisons(runs, groups, reference) if reference else []
+    comps = _comparisons(runs, groups, refs, smooth) if refs else []
+    in_comps = _in_domain_comparisons(runs, groups, refs) if refs else []
     out = {
         "reference": reference,
+        "references": refs,
         "domains": domains,
         "smooth": smooth,
         "final": final,
@@ -102,12 +116,12 @@ def summarize(runs: list[Run], reference: str | None = None, smooth: int = SMOOT
         "in_domain_comparisons": in_comps,
         "near_unigram": near,
     }
-    if design and design.get("band") and reference:
-        out.update(_designed(runs, groups, reference, smooth, design, comps))
+    if design and design.get("band") and refs:
+        out.update(_designed(runs, groups, refs, smooth, design, comps))
     return out
 
 
-def _designed(runs: list[Run], groups: dict[str, list[Run]], reference: str, smooth: int, design: dict, legacy: list[dict]) -> dict:
+def _designed(runs: list[Run], groups: dict[str, list[Run]], refs: list[str], smooth: int, design: dict, legacy: list[dict]) -> dict:
     """The comparisons of every measure of the design (``report.design``), its primary one first."""
     from .design import interactions, measure_comparisons, measures, reach, strata_shares
 
@@ -115,7 +129,7 @@ def _designed(runs: list[Run], groups: dict[str, list[Run]], reference: str, smo
     by_measure = {"legacy": legacy}
     for m in ms:
         if m.name != "legacy":
-            by_measure[m.name] = _families(measure_comparisons(_pairs(runs, groups, reference), m, design, ood_domains(runs), smooth), groups)
+            by_measure[m.name] = _families(measure_comparisons(_pairs(runs, groups, refs), m, design, ood_domains(runs), smooth), groups)
     return {
         "comparisons": by_measure[primary],
         "design": {**design, "primary": primary},
@@ -126,9 +140,14 @@ def _designed(runs: list[Run], groups: dict[str, list[Run]], reference: str, smo
     }
 
 
-def _pairs(runs: list[Run], groups: dict[str, list[Run]], reference: str) -> list[tuple[Run, Run]]:
+def _pairs(runs: list[Run], groups: dict[str, list[Run]], refs: str | list[str]) -> list[tuple[Run, Run]]:
+    refs = [refs] if isinstance(refs, str) else refs
     return [
-        (r, ref) for rs in groups.values() for r in rs for ref in [_reference_for(r, runs, groups[reference])] if ref is not None and ref is not r
+        (r, ref)
+        for rs in groups.values()
+        for r in rs
+        for ref in [_reference_for(r, runs, _ref_runs(r, groups, refs))]
+        if ref is not None and ref is not r
     ]
 
 
@@ -170,15 +189,15 @@ def _final_row(rs: list[Run], domains: list[str]) -> dict:
     return row
 
 
-def _comparisons(runs: list[Run], groups: dict[str, list[Run]], reference: str, smooth: int) -> list[dict]:
+def _comparisons(runs: list[Run], groups: dict[str, list[Run]], refs: list[str], smooth: int) -> list[dict]:
     """Every run against the reference run of its seed and training setting, per OOD domain. Holm corrects
     within two families: domains held out by the run (the study's questions) and domains the run trained on
     (the mixed-domain control), so a control does not dilute the held-out tests nor the reverse."""
-    pairs = _pairs(runs, groups, reference)
+    pairs = _pairs(runs, groups, refs)
     return _families(build_comparisons([(_curves(r), _curves(ref)) for r, ref in pairs], ood_domains(runs), smooth=smooth), groups)
 
 
-def _in_domain_comparisons(runs: list[Run], groups: dict[str, list[Run]], reference: str) -> list[dict]:
+def _in_domain_comparisons(runs: list[Run], groups: dict[str, list[Run]], refs: list[str]) -> list[dict]:
     """Every run name against the reference on its own training domains at the end of training: the final
     in-domain loss minus the reference's (the run of the same seed and training setting, evaluated at the
     same step; in a mixed-domain control, the reference's architecture trained on the same mixture), paired
@@ -190,7 +209,7 @@ def _in_domain_comparisons(runs: list[Run], groups: dict[str, list[Run]], refere
     notes: dict[tuple[str, str], list[str]] = defaultdict(list)
     for name, rs in groups.items():
         for r in rs:
-            ref = _reference_for(r, runs, groups[reference])
+            ref = _reference_for(r, runs, _ref_runs(r, groups, refs))
             if ref is None or ref is r or not r.evals or not ref.evals:
                 continue  # the reference itself, or its architecture in another training setting
             key = (name, ref.name)

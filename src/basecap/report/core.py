@@ -43,7 +43,7 @@ def archive_runs(run_dirs: list[str | Path], out_dir: str | Path) -> Path:
 def report(
     run_dirs: list[str | Path],
     out_dir: str | Path,
-    reference: str | None = None,
+    reference: str | list[str] | None = None,
     smooth: int = SMOOTH,
     speed_json: str | Path | None = None,
     tuning_json: str | Path | None = None,
@@ -52,7 +52,8 @@ def report(
 ) -> Path:
     """Write report.md, report.html (self-contained, every text escaped: ``report.page``), summary.json and PNG
     plots into ``out_dir``;
-    returns the path of report.md. ``tuning_json``: a tune experiment's choice, shown before the comparison.
+    returns the path of report.md. ``reference``: a run name, or several (each run is compared with the one of its own
+    mixer, ``report.analysis``). ``tuning_json``: a tune experiment's choice, shown before the comparison.
     ``archive``: also keep every run's records under ``out_dir/runs/`` (``archive_runs``)."""
     runs = [load_run(d) for d in run_dirs]
     if not runs:

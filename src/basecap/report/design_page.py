@@ -175,7 +175,11 @@ def gap_level_plot(runs, summary: dict, out: Path, colors: dict, pairs) -> list[
         ax.axvspan(design["band"][0], design["band"][1], color="0.85", zorder=0)
         ax.axhline(0, color="0.4", lw=0.8)
         ax.invert_xaxis()
-        ax.set(xlabel="matched in-domain loss", ylabel=f"{d}: gap to {summary['reference']} (nats/token)", title=d)
+        ax.set(
+            xlabel="matched in-domain loss",
+            ylabel=f"{d}: gap to {' / '.join(summary.get('references') or [summary['reference']])} (nats/token)",
+            title=d,
+        )
     handles, labels = axes[0][0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="center right", fontsize=7, frameon=False)
     fig.suptitle(f"OOD gap against the matched level ({design['primary']}; band shaded; above 0 = worse OOD)", fontsize=10)

@@ -108,13 +108,21 @@ def _final_table(summary: dict, ind: set[str]) -> list[str]:
     return lines
 
 
+def _refs(summary: dict) -> str:
+    """The reference in a heading; several: each named, and how a run's is chosen."""
+    refs = summary.get("references") or [summary["reference"]]
+    if len(refs) == 1:
+        return f"`{refs[0]}`"
+    return " / ".join(f"`{r}`" for r in refs) + " (each run against the reference of its own mixer)"
+
+
 def _in_domain_table(summary: dict) -> list[str]:
     comps = summary.get("in_domain_comparisons") or []
     if not comps:
         return []
     lines = [
         "",
-        f"## In-domain loss against `{summary['reference']}` at the end of training",
+        f"## In-domain loss against {_refs(summary)} at the end of training",
         "",
         "Final in-domain loss minus the reference's (same seed, same training data and steps), paired by seed: "
         "how far each model got on its training domains with the same data. Positive = worse in-domain. 95% CI "
@@ -137,7 +145,7 @@ def _comparison_table(summary: dict) -> list[str]:
         return []
     lines = [
         "",
-        f"## OOD gap against `{summary['reference']}` at matched in-domain loss",
+        f"## OOD gap against {_refs(summary)} at matched in-domain loss",
         "",
         "Positive = worse out of distribution than the reference at the same in-domain loss, paired by seed. "
         + (

@@ -185,7 +185,7 @@ def _study_line(name: str, s: dict, card: dict) -> str:
     copies = sum(c["study"] == name for c in card["copies"])
     reuse = f" {copies} of its {sum(len(r['seeds']) for r in s['runs'])} run records are copies of other studies' runs." if copies else ""
     return (
-        f"- [`results/{name}/`](results/{name}/README.md): {runs}. Held-out gaps against `{s['reference']}` at "
+        f"- [`results/{name}/`](results/{name}/README.md): {runs}. Held-out gaps against {' / '.join(f'`{r}`' for r in s.get('references') or [s['reference']])} at "
         f"matched in-domain loss (the study's own Holm over {len(held)}): {gaps}.{reuse}"
     )
 
