@@ -100,6 +100,14 @@ def test_duplicate_and_reference_checks():
         ExperimentConfig(name="x", runs=[{"name": "a"}, {"name": "a"}])
     with pytest.raises(ValueError, match="reference"):
         ExperimentConfig(name="x", reference="zz", runs=[{"name": "a"}])
+    with pytest.raises(ValueError, match=r"more_references: \['zz'\] not run names"):
+        ExperimentConfig(name="x", reference="a", more_references=["zz"], runs=[{"name": "a"}, {"name": "b"}])
+    with pytest.raises(ValueError, match="name the first reference"):
+        ExperimentConfig(name="x", more_references=["b"], runs=[{"name": "a"}, {"name": "b"}])
+    from basecap.experiment import report_reference
+
+    exp = ExperimentConfig(name="x", reference="a", more_references=["b"], runs=[{"name": "a"}, {"name": "b"}])
+    assert report_reference(exp, exp.resolve()) == ["a", "b"]
 
 
 def test_model_config_defaults_mlp_from_mixer():

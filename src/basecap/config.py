@@ -104,6 +104,11 @@ class ExperimentConfig(Strict):
     out_dir: str | None = Field(None, description="default: runs/<name>")
     seeds: list[int] = Field(default_factory=lambda: [0], min_length=1)
     reference: str | None = Field(None, description="run name the report compares every other run against")
+    more_references: list[str] = Field(
+        default_factory=list,
+        description="further references for an ablation of several base architectures: each run is compared with the "
+        "reference of its own mixer (model.mixer.name), else with `reference`",
+    )
     size: str | None = Field(None, description="which [sizes.<name>] table to apply to the base (e.g. tiny, 110m, 1.3b)")
     sizes: dict[str, dict[str, Any]] = Field(
         default_factory=dict, description="named overrides of the base sections, chosen by size; sizes.<s>.runs.<run> overrides one run at that size"
@@ -172,6 +177,11 @@ class ExperimentConfig(Strict):
         # a sweep point names its run (name@lr=0.003): the reference may be a run or one of its points
         if self.reference is not None and self.runs and self.reference.split("@")[0] not in names:
             raise ValueError(f"reference: {self.reference!r} is not a run name; runs are {names}")
+        if self.more_references and self.reference is None:
+            raise ValueError("more_references: name the first reference in `reference`")
+        bad = [r for r in self.more_references if r.split("@")[0] not in names]
+        if bad:
+            raise ValueError(f"more_references: {bad} not run names; runs are {names}")
         self._check_sweep()
         for key in self.overrides:
             check_run_key(key, self.sweep)

@@ -107,12 +107,19 @@ def compared_runs(exp: ExperimentConfig, runs: list[RunConfig], train_fn, only: 
     return compared
 
 
-def report_reference(exp: ExperimentConfig, runs: list[RunConfig]) -> str | None:
-    """The report's reference run: the one named, else (a sweep) the first point of the named run."""
+def report_reference(exp: ExperimentConfig, runs: list[RunConfig]) -> str | list[str] | None:
+    """The report's reference run: the one named, else (a sweep) the first point of the named run; with
+    ``more_references``, the list of every reference, the first one first."""
     names = [r.name for r in runs]
-    if exp.reference is None or exp.reference in names:
-        return exp.reference
-    return next((n for n in names if n.split("@")[0] == exp.reference), exp.reference)
+
+    def one(ref: str) -> str:
+        return ref if ref in names else next((n for n in names if n.split("@")[0] == ref), ref)
+
+    if exp.reference is None:
+        return None
+    if exp.more_references:
+        return [one(r) for r in [exp.reference, *exp.more_references]]
+    return one(exp.reference)
 
 
 def _reuse_then(train_fn, reuse: list[Path] | None, log):
