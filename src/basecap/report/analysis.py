@@ -140,8 +140,7 @@ def _designed(runs: list[Run], groups: dict[str, list[Run]], refs: list[str], sm
     }
 
 
-def _pairs(runs: list[Run], groups: dict[str, list[Run]], refs: str | list[str]) -> list[tuple[Run, Run]]:
-    refs = [refs] if isinstance(refs, str) else refs
+def _pairs(runs: list[Run], groups: dict[str, list[Run]], refs: list[str]) -> list[tuple[Run, Run]]:
     return [
         (r, ref)
         for rs in groups.values()

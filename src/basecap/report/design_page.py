@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .design import gap_curve, measures
+from .design import RULE_STEP, gap_curve, measures
 
 MEASURE_WORDS = {
     "legacy": "evaluations, every target, lowest 30% of each pair's range (the old design)",
@@ -57,7 +57,7 @@ def _reach_lines(r: dict | None, band: list[float]) -> list[str]:
         a, b = r["rule_band"]
         text += (
             f"The rule of docs/metrics.md (\"When a curve cannot reach the band\") gives {a:g}-{b:g}: the band of the same "
-            "width whose bottom is the lowest loss every curve reaches, rounded up to a multiple of 0.05, decided on in-domain "
+            f"width whose bottom is the lowest loss every curve reaches, rounded up to a multiple of {RULE_STEP:g}, decided on in-domain "
             "losses only. Moving a study's band after its runs trained is a deviation: record it in the study file."
         )
     else:
@@ -177,7 +177,7 @@ def gap_level_plot(runs, summary: dict, out: Path, colors: dict, pairs) -> list[
         ax.invert_xaxis()
         ax.set(
             xlabel="matched in-domain loss",
-            ylabel=f"{d}: gap to {' / '.join(summary.get('references') or [summary['reference']])} (nats/token)",
+            ylabel=f"{d}: gap to {' / '.join(summary['references'])} (nats/token)",
             title=d,
         )
     handles, labels = axes[0][0].get_legend_handles_labels()

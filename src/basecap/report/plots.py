@@ -78,5 +78,5 @@ def _plots(runs: list[Run], out: Path, summary: dict) -> list[Path]:
     if summary.get("design"):
         from .design_page import gap_level_plot
 
-        paths += gap_level_plot(runs, summary, out, colors, _pairs(runs, _by_name(runs), summary.get("references") or summary["reference"]))
+        paths += gap_level_plot(runs, summary, out, colors, _pairs(runs, _by_name(runs), summary["references"]))
     return paths

@@ -93,7 +93,7 @@ def build_summary(summary: dict, runs, study: str | None, size: str | None) -> d
             "commit": commit,
             "commits": commits,
             "reference": summary["reference"],
-            "references": summary.get("references") or [summary["reference"]],
+            "references": summary["references"],
             "smooth": summary["smooth"],
             "near_unigram": summary["near_unigram"],
             "runs": [_run_entry(n, row, summary["domains"]) for n, row in summary["final"].items() if row["in_domain_loss"]],

@@ -110,7 +110,7 @@ def _final_table(summary: dict, ind: set[str]) -> list[str]:
 
 def _refs(summary: dict) -> str:
     """The reference in a heading; several: each named, and how a run's is chosen."""
-    refs = summary.get("references") or [summary["reference"]]
+    refs = summary["references"]
     if len(refs) == 1:
         return f"`{refs[0]}`"
     return " / ".join(f"`{r}`" for r in refs) + " (each run against the reference of its own mixer)"
