@@ -14,7 +14,7 @@ from basecap.config_base import ConfigError
 from basecap.scorecard import build_scorecard, load_claims
 from basecap.scorecard.claims import Claim
 from basecap.scorecard.compute import load_study, pair_gaps
-from basecap.scorecard.render import STUDY_MARKERS, generated_files
+from basecap.scorecard.render import STUDY_MARKERS, generated_files, scorecard_markdown
 from basecap.scorecard.verdicts import FAILS, HOLDS, UNDECIDED, decide, claim_tests
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -224,6 +224,28 @@ def test_a_superseding_study_answers_its_claims_once_published(tmp_path):
     assert rows["top1_chunk_approx_keeps_shared_lr"]["results"] == "architectures_shared_lr"
     with pytest.raises(ConfigError, match="superseding_runs"):
         load_claims(_claims(tmp_path, lambda t: t.replace('mamba2 = "mamba2_lr2e-3"', 'mamba2 = "mamba9"', 1)), ROOT)
+
+
+def test_a_superseding_study_not_published_is_named_in_the_rows_that_wait_for_it(tmp_path, card):
+    """Until the rerun that supersedes a study is published with a claim's runs, the claim stays with the old study
+    and its row says which rerun will answer it and how far that rerun is published (not silently the old one)."""
+    row = next(r for r in card["claims"] if r["id"] == "position_alibi_hurts")
+    assert row["results"] == "ablation_position" and row["pending"]["study"] == "ablation_position_1k"
+    assert not row["pending"]["published"] and row["pending"]["size"] == "small-1k"
+    assert next(r for r in card["claims"] if r["id"] == "mamba2_worse")["pending"] is None
+    root = tmp_path / "repo"
+    shutil.copytree(ROOT / "experiments", root / "experiments")
+    (root / "results").mkdir()
+    src = ROOT / "results" / "ablation_position"
+    shutil.copytree(src, root / "results" / "ablation_position", ignore=shutil.ignore_patterns("*.png", "*.html"))
+    # stand-in for a rerun published in part: the same records without ALiBi's
+    shutil.copytree(src, root / "results" / "ablation_position_1k", ignore=shutil.ignore_patterns("*.png", "*.html", "pos_alibi-s*"))
+    rows = {r["id"]: r for r in build_scorecard(root)["claims"]}
+    assert rows["position_none"]["results"] == "ablation_position_1k" and rows["position_none"]["pending"] is None
+    alibi = rows["position_alibi_hurts"]
+    assert alibi["results"] == "ablation_position" and alibi["pending"]["published"] and alibi["pending"]["lacking"] == ["pos_alibi"]
+    text = scorecard_markdown(build_scorecard(root))
+    assert "published in part, results/ablation_position_1k/ has no records of pos_alibi yet" in text
 
 
 def test_a_study_published_in_part_leaves_its_other_claims_not_run(tmp_path):

@@ -25,22 +25,29 @@ def load_studies(results: Path) -> dict:
 
 
 def _superseded(c, claims, studies: dict, domains: list[str]):
-    """(the claim as the study that answers it, the superseded study's estimate or None): a claim whose study is
-    superseded by a published study with its runs is computed there; the old study's estimate is kept beside."""
+    """(the claim as the study that answers it, the superseded study's estimate or None, the superseding study
+    still to come or None): a claim whose study is superseded by a published study with its runs is computed there
+    and the old study's estimate is kept beside; until then it stays with the old study, and the row says what the
+    superseding study is and how far it is published."""
     old = claims.studies[c.study]
     if old.superseded_by is None or (old.superseding_runs and any(r not in old.superseding_runs for r in c.runs)):
-        return c, None  # with a run map, only the claims whose every run it maps move
+        return c, None, None  # with a run map, only the claims whose every run it maps move
     new = superseding_claim(c, old)
-    st = studies.get(claims.results_dir(old.superseded_by))
-    if st is None or lacking_runs(new.runs, st):
-        return c, None
+    folder = claims.results_dir(old.superseded_by)
+    st = studies.get(folder)
+    lacking = lacking_runs(new.runs, st) if st is not None else new.runs
+    if lacking:
+        spec = claims.studies[old.superseded_by]
+        pending = dict(study=old.superseded_by, results=folder, experiment=spec.experiment, size=spec.size, label=spec.label)
+        return c, None, {**pending, "published": st is not None, "lacking": lacking}
     prev = studies.get(claims.results_dir(c.study))
     if prev is None:
-        return new, None
+        return new, None, None
     from ..report.stats import paired_test
 
     t = paired_test(claim_values(c, prev, domains)["values"])
-    return new, {"study": c.study, "results": claims.results_dir(c.study), "mean": t.mean, "ci95": list(t.ci95) if t.ci95 else None, "n": t.n}
+    before = {"study": c.study, "results": claims.results_dir(c.study), "mean": t.mean, "ci95": list(t.ci95) if t.ci95 else None, "n": t.n}
+    return new, before, None
 
 
 def build_scorecard(root: str | Path = ".", claims_path: str | Path | None = None) -> dict:
@@ -54,9 +61,9 @@ def build_scorecard(root: str | Path = ".", claims_path: str | Path | None = Non
     seen: dict = {}
     for c in claims.claims:
         domains = c.domains or claims.domains
-        before = None
+        before = pending = None
         if c.untestable is None and c.study is not None:
-            c, before = _superseded(c, claims, studies, domains)
+            c, before, pending = _superseded(c, claims, studies, domains)
         row = {
             "id": c.id,
             "section": c.section,
@@ -80,6 +87,7 @@ def build_scorecard(root: str | Path = ".", claims_path: str | Path | None = Non
             "values": [],
             "reused": [],
             "before": before,
+            "pending": pending,
         }
         rows.append(row)
         if c.untestable is not None:

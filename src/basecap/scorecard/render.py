@@ -142,6 +142,8 @@ def scorecard_markdown(card: dict) -> str:
         if r.get("before") and r["before"]["mean"] is not None:
             b = r["before"]
             est += f"; before the comparison design ({_link(b['study'], b['results'])}): {_n(b['mean'])} {_ci(b['ci95'])}".rstrip()
+        if r.get("pending"):
+            est += "; " + pending_text(r["pending"])
         ph = f"{_p(t.get('p_holds_holm'))} / {_p(t.get('p_fails_holm'))}" if t.get("n", 0) >= 2 else "-"
         lines.append(
             f"| `{r['id']}` | {r['section']} | {r['paper']} | {_link(r['study'], r['results'])} | {expects_text(r)} | "
@@ -166,6 +168,14 @@ def scorecard_markdown(card: dict) -> str:
     ]
     lines += [f"| {c['study']}/{c['run']} | {_source(c, prefix='')} |" for c in card["copies"]]
     return "\n".join(lines) + "\n"
+
+
+def pending_text(p: dict) -> str:
+    """The study that will answer a claim in place of the one that answers it now, and how far it is published."""
+    what = f"its rerun{', ' + p['label'] if p.get('label') else ''} (`experiments/paper/{p['experiment']}` at size {p['size']})"
+    if p["published"]:
+        return f"{what}: published in part, results/{p['results']}/ has no records of {', '.join(p['lacking'])} yet"
+    return f"{what}: not published yet (results/{p['results']}/)"
 
 
 def scorecard_json(card: dict) -> str:
@@ -219,6 +229,16 @@ def readme_results(card: dict, root: Path) -> str:
         "",
         f"Not run yet: {', '.join(f'`{s}`' for s in waiting)} (their claims fill in when the results appear).",
         "",
+    ]
+    reruns = sorted({(r["pending"]["study"], r["study"]) for r in card["claims"] if r.get("pending")})
+    if reruns:
+        lines += [
+            "Reruns not published yet (until they are, their claims are answered by the earlier study): "
+            + ", ".join(f"`{new}` (for `{old}`)" for new, old in reruns)
+            + ".",
+            "",
+        ]
+    lines += [
         "Each published study (numbers from its `summary.json`; its own report corrects within the study):",
         "",
     ]
@@ -249,6 +269,9 @@ def study_block(card: dict, study: str) -> str:
             "|---|---|---|---|---|",
         ]
         lines += [f"| `{r['id']}` | {r['paper']} | {estimate_text(r)} | {len(r['seeds'])} | {verdict_text(r)} |" for r in rows]
+        for study_id, p in {r["pending"]["study"]: r["pending"] for r in rows if r.get("pending")}.items():
+            ids = ", ".join(f"`{r['id']}`" for r in rows if (r.get("pending") or {}).get("study") == study_id)
+            lines += ["", f"{ids} move to `{study_id}` once it is published: {pending_text(p)}."]
     else:
         lines.append("No claim of the paper is tested on this study's runs.")
     if copies:
