@@ -14,7 +14,7 @@ from basecap.config_base import ConfigError
 from basecap.scorecard import build_scorecard, load_claims
 from basecap.scorecard.claims import Claim
 from basecap.scorecard.compute import load_study, pair_gaps
-from basecap.scorecard.render import STUDY_MARKERS, generated_files, scorecard_markdown
+from basecap.scorecard.render import STUDY_MARKERS, generated_files, readme_results, scorecard_markdown
 from basecap.scorecard.verdicts import FAILS, HOLDS, UNDECIDED, decide, claim_tests
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -256,7 +256,12 @@ def test_a_study_published_in_part_leaves_its_other_claims_not_run(tmp_path):
     (root / "results").mkdir()
     src = ROOT / "results" / "ablation_temperature"
     shutil.copytree(src, root / "results" / "ablation_temperature", ignore=shutil.ignore_patterns("*.png", "*.html", "temp_4.0-s*"))
-    row = next(r for r in build_scorecard(root)["claims"] if r["id"] == "sharper_softmax_helps")
+    card = build_scorecard(root)
+    row = next(r for r in card["claims"] if r["id"] == "sharper_softmax_helps")
     assert row["verdict"] == "not run" and row["results"] is None
     assert row["detail"].startswith("results/ablation_temperature/ is published in part: no records of temp_4.0 yet")
     assert row["scale"] is not None
+    # the README's Results section lists it as published in part, not among the studies not run
+    text = readme_results(card, root)
+    assert "Published in part, some claims still waiting for their runs: `ablation_temperature`." in text
+    assert "`ablation_temperature`" not in next(line for line in text.splitlines() if line.startswith("Not run yet"))

@@ -108,7 +108,7 @@ def build_scorecard(root: str | Path = ".", claims_path: str | Path | None = Non
             continue
         lacking = lacking_runs(c.runs, st)
         if lacking:  # a study published in part (its other runs still training): the claim waits for them
-            row["scale"] = scale_of_config(root, study.experiment, study.size, scale_run)
+            row["scale"], row["lacking"] = scale_of_config(root, study.experiment, study.size, scale_run), lacking
             row["detail"] = (
                 f"results/{folder}/ is published in part: no records of {', '.join(lacking)} yet "
                 f"(experiments/paper/{study.experiment} at size {study.size})"

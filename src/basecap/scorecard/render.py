@@ -225,11 +225,14 @@ def readme_results(card: dict, root: Path) -> str:
             f"{len(r['seeds'])} | {r['verdict']}{lean} |"
         )
     waiting = sorted({r["study"] for r in card["claims"] if r["verdict"] == NOT_RUN})
+    in_part = sorted({r["study"] for r in card["claims"] if r.get("lacking")})  # published without some claims' runs yet
     lines += [
         "",
-        f"Not run yet: {', '.join(f'`{s}`' for s in waiting)} (their claims fill in when the results appear).",
+        f"Not run yet: {', '.join(f'`{s}`' for s in waiting if s not in in_part)} (their claims fill in when the results appear).",
         "",
     ]
+    if in_part:
+        lines += [f"Published in part, some claims still waiting for their runs: {', '.join(f'`{s}`' for s in in_part)}.", ""]
     reruns = sorted({(r["pending"]["study"], r["study"]) for r in card["claims"] if r.get("pending")})
     if reruns:
         lines += [
@@ -269,9 +272,13 @@ def study_block(card: dict, study: str) -> str:
             "|---|---|---|---|---|",
         ]
         lines += [f"| `{r['id']}` | {r['paper']} | {estimate_text(r)} | {len(r['seeds'])} | {verdict_text(r)} |" for r in rows]
-        for study_id, p in {r["pending"]["study"]: r["pending"] for r in rows if r.get("pending")}.items():
-            ids = ", ".join(f"`{r['id']}`" for r in rows if (r.get("pending") or {}).get("study") == study_id)
-            lines += ["", f"{ids} move to `{study_id}` once it is published: {pending_text(p)}."]
+        by_rerun: dict[str, list[dict]] = {}
+        for r in rows:
+            if r.get("pending"):
+                by_rerun.setdefault(r["pending"]["study"], []).append(r)
+        for rerun, rs in by_rerun.items():
+            ids = ", ".join(f"`{r['id']}`" for r in rs)
+            lines += ["", f"{ids} move to `{rerun}` once it is published: {pending_text(rs[0]['pending'])}."]
     else:
         lines.append("No claim of the paper is tested on this study's runs.")
     if copies:
