@@ -344,3 +344,25 @@ def test_tune_false_and_an_empty_sweep_give_a_shared_value_control(tmp_path):
     assert [r.model_dump() for r in chosen] == [r.model_dump() for r in runs]
     with pytest.raises(ConfigError, match="swept"):  # the grid is still there without sweep={}
         load_experiment(p, ["size=cpu", "tune=false", "train.lr=6e-4"])
+
+
+def test_one_tuning_run_alone_then_the_choice(tiny_recipe_path, tmp_path):
+    """--run NAME@KEY=VALUE trains that tuning run only and chooses nothing; the call that names the run finds
+    every tuning run finished, chooses without training any again, and trains the comparison run."""
+    from basecap.experiment import run_experiment
+
+    path = write_exp(tmp_path, tiny_recipe_path, extra=TUNE.replace("[1e-3, 2e-3, 4e-3]", "[1e-6, 1e-2]"))
+    runs = tmp_path / "runs"
+    lines = []
+    assert run_experiment(path, log=lines.append, only=["tpp@lr=1e-06"]) is None
+    assert (runs / "tpp@lr=1e-06-s100" / "done.json").is_file() and not (runs / "tpp@lr=0.01-s100").exists()
+    assert not (runs / TUNING_FILE).exists() and not (runs / "tpp-s0").exists()
+    assert any("tuning run(s) tpp@lr=1e-06 done" in m for m in lines)
+    assert run_experiment(path, log=lambda *_: None, only=["tpp@lr=0.01"]) is None
+    stamp = (runs / "tpp@lr=1e-06-s100" / "done.json").stat().st_mtime_ns
+    assert run_experiment(path, log=lambda *_: None, only=["tpp"]) is None
+    assert (runs / "tpp@lr=1e-06-s100" / "done.json").stat().st_mtime_ns == stamp  # not trained again
+    assert json.loads((runs / TUNING_FILE).read_text())["runs"]["tpp"]["chosen"] == {"train.lr": 0.01}
+    assert (runs / "tpp-s0" / "eval.json").is_file() and not (runs / "abs-s0").exists()
+    with pytest.raises(ConfigError, match=r"unknown run\(s\) \['tpp@lr=0.5'\]"):
+        run_experiment(path, log=lambda *_: None, only=["tpp@lr=0.5"])

@@ -47,7 +47,7 @@ REUSE_HELP = (
 def add_train(sub) -> None:
     t = command(sub, "train", _cmd_train, "train the runs of an experiment (resumes interrupted runs)")
     experiment_args(t)
-    t.add_argument("--run", action="append", default=[], metavar="NAME", help="only this run (repeatable)")
+    t.add_argument("--run", action="append", default=[], metavar="NAME", help="only this run (repeatable; NAME@KEY=VALUE: one tuning run)")
     t.add_argument("--reuse", action="append", default=[], type=Path, metavar="DIR", help=REUSE_HELP)
 
 
@@ -69,7 +69,9 @@ def add_run(sub) -> None:
         default=[],
         metavar="NAME",
         help="only this run (repeatable): train, evaluate and run its suites, without the report, so that "
-        "several processes can share a study; a last call without --run writes the report",
+        "several processes can share a study; a last call without --run writes the report. In a tune experiment "
+        "NAME@KEY=VALUE (e.g. based@lr=0.004) trains that one tuning run, so processes can share a run's tuning; "
+        "the call naming the run chooses once all are trained",
     )
     u.add_argument("--reuse", action="append", default=[], type=Path, metavar="DIR", help=REUSE_HELP)
 

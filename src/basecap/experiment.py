@@ -81,9 +81,15 @@ def selected_names(names: list[str], only: list[str] | None) -> list[str]:
     return [n for n in names if n in only or n.split("@")[0] in only]
 
 
+def tuning_points(exp: ExperimentConfig) -> list[str]:
+    """A tune experiment's tuning run names (``<run>@<key>=<value>``), each of which --run may name alone."""
+    return [name for pts in exp.tuning_grid().values() for _, name in pts]
+
+
 def check_selection(exp: ExperimentConfig, runs: list[RunConfig], only: list[str] | None):
-    """Unknown names in ``only`` (--run) fail before any compute; a tune experiment knows its tuned run names."""
-    selected_names(list(exp.tuning_grid()) if exp.tune else [r.name for r in runs], only)
+    """Unknown names in ``only`` (--run) fail before any compute; a tune experiment knows its tuned run names
+    and its tuning runs (one point of the grid, so that several processes can share a run's tuning)."""
+    selected_names(list(exp.tuning_grid()) + tuning_points(exp) if exp.tune else [r.name for r in runs], only)
 
 
 def select_runs(runs: list[RunConfig], only: list[str] | None) -> list[RunConfig]:
@@ -100,7 +106,14 @@ def compared_runs(exp: ExperimentConfig, runs: list[RunConfig], train_fn, only: 
     from .sweep import check_trained_at_choice, tune
 
     out = exp.output_dir()
-    names = selected_names(list(exp.tuning_grid()), only)
+    points = [n for n in only or [] if n in tuning_points(exp)]
+    for rc in runs:  # tuning runs named alone: trained, nothing chosen (the call naming the run chooses)
+        if rc.name in points:
+            log(f"== tuning run {rc.run_id} (chosen later, by a call that names {rc.name.split('@')[0]})")
+            train_fn(rc, out / rc.run_id)
+    if points and len(points) == len(only or []):
+        return []
+    names = selected_names(list(exp.tuning_grid()), [n for n in only or [] if n not in points] or None)
     chosen = tune(exp, runs, out, train_fn, only=names, log=log, write=int(os.environ.get("RANK", "0")) == 0)
     compared = exp.resolve(exp.comparison_configs(chosen))
     check_trained_at_choice(out, compared, exp.tune.keys)
@@ -239,10 +252,8 @@ def run_experiment(
             evaluate_run(rd.path, corpus=corpus, log=log)
         run_suites(exp, rc, rd.path, log=log)
     if only:
-        log(
-            f"\nexperiment {exp.name}: {len(runs)} run(s) of {', '.join(only)} done in {time.perf_counter() - t0:.0f} s; "
-            "run it without --run for the speed section and the report"
-        )
+        what = f"{len(runs)} run(s) of {', '.join(only)}" if runs else f"tuning run(s) {', '.join(only)}"
+        log(f"\nexperiment {exp.name}: {what} done in {time.perf_counter() - t0:.0f} s; run it without --run for the speed section and the report")
         return None
     speed_json = None
     if exp.speed is not None:
