@@ -106,7 +106,8 @@ def compared_runs(exp: ExperimentConfig, runs: list[RunConfig], train_fn, only: 
     from .sweep import check_trained_at_choice, tune
 
     out = exp.output_dir()
-    points = [n for n in only or [] if n in tuning_points(exp)]
+    known = set(tuning_points(exp))
+    points = [n for n in only or [] if n in known]
     for rc in runs:  # tuning runs named alone: trained, nothing chosen (the call naming the run chooses)
         if rc.name in points:
             log(f"== tuning run {rc.run_id} (chosen later, by a call that names {rc.name.split('@')[0]})")
