@@ -2,6 +2,7 @@
 (copied, relabelled, not trained again); any other difference trains anew."""
 
 import json
+import shutil
 
 import pytest
 
@@ -89,3 +90,35 @@ def test_a_run_recorded_before_an_option_existed_is_still_the_same_run():
     assert _key(old) == _key(cfg)
     assert _key(dict(cfg, seed_offset=5)) != _key(cfg)
     assert _key(dict(cfg, name="b")) == _key(cfg)
+
+
+def test_archived_tuning_records_stand_in_for_the_tuning_runs(tiny_recipe_path, tmp_path):
+    """A tuning run's archived record (``basecap report --archive``: run.json, done.json, metrics.jsonl.zst, no
+    checkpoints) is reusable: a fresh study folder given ``--reuse`` copies it instead of training it, chooses the
+    same value from it, and trains only the comparison run. This is how a study's finished tuning runs survive
+    the loss of its run folder."""
+    from basecap.experiment import run_experiment
+    from basecap.report.core import archive_runs
+    from basecap.rundir import RunDir
+    from basecap.sweep import TUNING_FILE
+    from tests.test_sweep import TUNE
+
+    path = write_exp(tmp_path, tiny_recipe_path, extra=TUNE.replace("[1e-3, 2e-3, 4e-3]", "[1e-6, 1e-2]"))
+    runs = tmp_path / "runs"
+    for point in ("tpp@lr=1e-06", "tpp@lr=0.01"):
+        assert run_experiment(path, log=lambda *_: None, only=[point]) is None
+    archive = tmp_path / "published"
+    archive_runs(sorted(runs.glob("tpp@*-s100")), archive)
+    kept = sorted(p.name for p in (archive / "runs" / "tpp@lr=0.01-s100").iterdir())
+    assert "metrics.jsonl.zst" in kept and "checkpoints" not in kept
+    def records(folder):
+        return {d.name: [line for line, _ in RunDir(d)._metric_lines()] for d in folder.glob("tpp@*-s100")}
+
+    first = records(runs)
+    shutil.rmtree(runs)
+    lines = []
+    run_experiment(path, log=lines.append, only=["tpp"], reuse=[archive / "runs"])
+    assert sum("reused" in m for m in lines) == 2 and not any("tpp@lr=1e-06-s100] step" in m for m in lines)
+    assert records(runs) == first  # the same records, not new training
+    assert json.loads((runs / TUNING_FILE).read_text())["runs"]["tpp"]["chosen"] == {"train.lr": 0.01}
+    assert (runs / "tpp-s0" / "eval.json").is_file()
