@@ -48,7 +48,7 @@ model.mixer = {name = "attention", head_dim = 8, position = "alibi"}
     assert [k for k, v in summary["commits"].items() if "reused_from" in v] == ["rope-s0"]
     assert all(v["wall_s"] > 0 for v in summary["commits"].values())  # each run's recorded wall clock (a copy keeps its own)
     report = (rep.parent / "report.md").read_text()  # the report itself says which runs are copies
-    assert f"**Reused runs** (1 of 2;" in report and f"`rope-s0` (copy of `{src}`)" in report
+    assert "**Reused runs** (1 of 2;" in report and f"`rope-s0` (copy of `{src}`)" in report
     # a run that already exists is never replaced; a different setting (steps) is not reused
     assert not any("reused" in m for m in [*_run(second, tiny_recipe_path, runs, first, "")])
     out = _run(tmp_path / "third", tiny_recipe_path, runs, first, "steps = 6", "steps = 9")
@@ -92,33 +92,35 @@ def test_a_run_recorded_before_an_option_existed_is_still_the_same_run():
     assert _key(dict(cfg, name="b")) == _key(cfg)
 
 
-def test_archived_tuning_records_stand_in_for_the_tuning_runs(tiny_recipe_path, tmp_path):
-    """A tuning run's archived record (``basecap report --archive``: run.json, done.json, metrics.jsonl.zst, no
-    checkpoints) is reusable: a fresh study folder given ``--reuse`` copies it instead of training it, chooses the
-    same value from it, and trains only the comparison run. This is how a study's finished tuning runs survive
-    the loss of its run folder."""
+def test_a_published_study_keeps_its_tuning_runs_records_and_can_stand_in_for_its_run_folder(tiny_recipe_path, tmp_path):
+    """``basecap report --archive --tuning T`` keeps the tuning runs' records (run.json, done.json, compressed
+    metrics; no checkpoints) in ``OUT/tuning_runs/`` beside ``OUT/tuning.json``. With the study folder gone, the
+    report is written again from the results folder alone, fixed-value table included, and ``--reuse`` of the
+    archive copies every run in instead of training it: the choice and the comparison are the same."""
     from basecap.experiment import run_experiment
-    from basecap.report.core import archive_runs
+    from basecap.report.core import report
     from basecap.rundir import RunDir
     from basecap.sweep import TUNING_FILE
     from tests.test_sweep import TUNE
 
     path = write_exp(tmp_path, tiny_recipe_path, extra=TUNE.replace("[1e-3, 2e-3, 4e-3]", "[1e-6, 1e-2]"))
-    runs = tmp_path / "runs"
-    for point in ("tpp@lr=1e-06", "tpp@lr=0.01"):
-        assert run_experiment(path, log=lambda *_: None, only=[point]) is None
-    archive = tmp_path / "published"
-    archive_runs(sorted(runs.glob("tpp@*-s100")), archive)
-    kept = sorted(p.name for p in (archive / "runs" / "tpp@lr=0.01-s100").iterdir())
-    assert "metrics.jsonl.zst" in kept and "checkpoints" not in kept
-    def records(folder):
-        return {d.name: [line for line, _ in RunDir(d)._metric_lines()] for d in folder.glob("tpp@*-s100")}
+    runs, out = tmp_path / "runs", tmp_path / "published"
+    run_experiment(path, log=lambda *_: None)
+    first = report(sorted(runs.glob("*-s0")), out, reference="tpp", tuning_json=runs / TUNING_FILE, archive=True).read_text()
+    assert "### Does a fixed value change the verdict?" in first
+    kept = sorted(p.name for p in (out / "tuning_runs").iterdir())
+    assert kept == ["abs@lr=0.01-s100", "abs@lr=1e-06-s100", "tpp@lr=0.01-s100", "tpp@lr=1e-06-s100"]
+    assert sorted(p.name for p in (out / "tuning_runs" / kept[0]).iterdir()) == ["done.json", "metrics.jsonl.zst", "run.json"]
 
-    first = records(runs)
+    def records(folder):
+        return {d.name: [line for line, _ in RunDir(d)._metric_lines()] for d in sorted(folder.glob("*-s*"))}
+
+    before = records(runs)
     shutil.rmtree(runs)
+    again = report(sorted((out / "runs").glob("*-s0")), tmp_path / "again", reference="tpp", tuning_json=out / TUNING_FILE)
+    assert again.read_text() == first
     lines = []
-    run_experiment(path, log=lines.append, only=["tpp"], reuse=[archive / "runs"])
-    assert sum("reused" in m for m in lines) == 2 and not any("tpp@lr=1e-06-s100] step" in m for m in lines)
-    assert records(runs) == first  # the same records, not new training
+    run_experiment(path, log=lines.append, reuse=[out / "tuning_runs", out / "runs"])
+    assert sum("reused" in m for m in lines) == 6 and not any("] step " in m for m in lines)  # nothing trained again
+    assert records(runs) == before
     assert json.loads((runs / TUNING_FILE).read_text())["runs"]["tpp"]["chosen"] == {"train.lr": 0.01}
-    assert (runs / "tpp-s0" / "eval.json").is_file()

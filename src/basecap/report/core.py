@@ -9,6 +9,7 @@ seed, with confidence intervals and Holm-corrected verdicts. The numbers come fr
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from ..rundir import RunDir, atomic_write, write_json
@@ -18,10 +19,11 @@ from .plots import _legend_label, _plots
 from .runs import load_run
 from .stats import SMOOTH
 from .summary import EXPERIMENT_FILE, build_summary, study_of
+from .sweep import TUNING_RUNS, tuning_run_dir
 from .tables import _markdown
 
 # imported from here: the report's entry points, and the curves and legend labels the scorecard and the tests use
-__all__ = ["_curves", "_legend_label", "archive_runs", "load_run", "matched_gap", "ood_domains", "report", "summarize"]
+__all__ = ["_curves", "_legend_label", "archive_runs", "archive_tuning_runs", "load_run", "matched_gap", "ood_domains", "report", "summarize"]
 
 
 def archive_runs(run_dirs: list[str | Path], out_dir: str | Path) -> Path:
@@ -84,6 +86,24 @@ def report(
     write_json(out / "summary.json", build_summary(summary, runs, *study_of([r.dir for r in runs])), allow_nan=False)
     if archive:
         archive_runs([r.dir for r in runs], out)
-        if tuning_json is not None and Path(tuning_json).resolve() != (out / "tuning.json").resolve():
-            atomic_write(out / "tuning.json", Path(tuning_json).read_text())
+        if tuning_json is not None and Path(tuning_json).is_file():
+            archive_tuning_runs(Path(tuning_json), out)
+            if Path(tuning_json).resolve() != (out / "tuning.json").resolve():
+                atomic_write(out / "tuning.json", Path(tuning_json).read_text())
     return out / "report.md"
+
+
+def archive_tuning_runs(tuning_json: Path, out_dir: str | Path) -> Path:
+    """Copy the records of every tuning run that ``tuning_json`` lists and whose folder holds them (beside the
+    file, or in its ``tuning_runs/``) to ``<out_dir>/tuning_runs/``: the fixed-value table can then be written
+    again from the results folder, and ``--reuse <out_dir>/tuning_runs`` stands them in for their runs (a study
+    folder lost before its comparison seeds trained). Returns the folder."""
+    tuning = json.loads(tuning_json.read_text())
+    dest = Path(out_dir) / TUNING_RUNS
+    for entry in tuning.get("runs", {}).values():
+        for tried in entry["tried"]:
+            for seed in tuning["seeds"]:
+                src = tuning_run_dir(tuning_json.parent, tried["name"], seed)
+                if src is not None and src.path.resolve().parent != dest.resolve():
+                    src.copy_records(dest / src.name)
+    return dest

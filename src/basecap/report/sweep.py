@@ -8,6 +8,8 @@ import json
 import statistics
 from pathlib import Path
 
+from ..rundir import RunDir
+
 FIGURE = "sweep.png"
 
 
@@ -123,13 +125,24 @@ def sweep_plot(tuning: dict, out: Path) -> Path:
     return path
 
 
+TUNING_RUNS = "tuning_runs"  # where report --archive keeps the tuning runs' records, beside tuning.json
+
+
+def tuning_run_dir(folder: Path, name: str, seed) -> RunDir | None:
+    """The tuning run ``name`` on ``seed`` with its metrics (plain or archived as metrics.jsonl.zst): in the
+    study folder that holds tuning.json, else in its ``tuning_runs/`` (a results folder); None when neither has it."""
+    for d in (Path(folder) / f"{name}-s{seed}", Path(folder) / TUNING_RUNS / f"{name}-s{seed}"):
+        if RunDir(d).has_metrics():
+            return RunDir(d)
+    return None
+
+
 def fixed_vs_tuned(tuning: dict, runs_dir: Path, reference: str) -> list[dict]:
     """Would a fixed value have given another verdict? From the tuning runs alone (tuning seeds): for every
     run but the reference and every domain it did not train on, the primary OOD gap at matched in-domain loss
     (``report.stats.matched_endpoints``) against the reference trained at the same values, for each point of
     the grid, and at each run's own chosen values. Mean over the tuning seeds both have; None where a run
     is missing or the curves do not overlap. Rows: {"run", "domain", "fixed": {point: gap}, "tuned": gap}."""
-    from ..rundir import RunDir
     from .runs import load_run
     from .stats import matched_endpoints
 
@@ -139,10 +152,10 @@ def fixed_vs_tuned(tuning: dict, runs_dir: Path, reference: str) -> list[dict]:
     seeds = [str(s) for s in tuning["seeds"]]
 
     def curves(name: str, seed: str):
-        d = runs_dir / f"{name}-s{seed}"
-        if not RunDir(d).has_metrics():  # plain or archived (metrics.jsonl.zst)
+        rd = tuning_run_dir(runs_dir, name, seed)
+        if rd is None:
             return None
-        r = load_run(d)
+        r = load_run(rd.path)
         return r if r.evals else None
 
     def gap(name: str, ref_name: str, domain: str) -> float | None:
