@@ -227,3 +227,31 @@ def test_an_ablation_of_two_base_architectures_compares_each_variant_with_its_ow
     report(dirs, tmp_path / "rep1", reference="a_base")
     one = json.loads((tmp_path / "rep1" / "summary.json").read_text())
     assert {c["run"] for c in one["comparisons"]} == {"a_var", "b_base", "b_var"} and one["references"] == ["a_base"]
+
+
+def test_runs_from_two_folders_of_one_study_keep_its_design_and_two_designs_are_an_error(tmp_path):
+    """A study's archived records and its newly trained runs sit in two folders; the design both experiment files
+    give is used (before, runs from two folders fell back to the old design without a word). Folders whose
+    designs differ are an error that asks for --compare; a folder without an experiment file does not vote."""
+    import shutil
+
+    from basecap.config_base import ConfigError
+
+    design = {"band": BAND, "targets": "seen", "points": "annealed"}
+    runs = [((name, s), {"gap": 0.1 if name == "b" else 0.0}) for s in (0, 1, 2) for name in ("ref", "b")]
+    (tmp_path / "archived").mkdir()
+    (tmp_path / "new").mkdir()
+    dirs = study(tmp_path / "archived", design, runs)
+    assert study(tmp_path / "new", design, []) == []  # the same study's folder, its experiment file only
+    new = tmp_path / "new" / "runs"
+    for d in [d for d in dirs if d.name.startswith("b-")]:
+        shutil.move(str(d), new / d.name)
+    split = sorted((tmp_path / "archived" / "runs").glob("*-s*")) + sorted(new.glob("*-s*"))
+    report(split, tmp_path / "rep", reference="ref")
+    assert json.loads((tmp_path / "rep" / "summary.json").read_text())["design"]["primary"] == "annealed_seen"
+    (new / "experiment.json").unlink()  # no experiment file: that folder does not vote
+    report(split, tmp_path / "rep", reference="ref")
+    assert json.loads((tmp_path / "rep" / "summary.json").read_text())["design"]["primary"] == "annealed_seen"
+    (new / "experiment.json").write_text(json.dumps({"name": "s", "size": None, "compare": {**design, "band": [3.0, 3.2]}}))
+    with pytest.raises(ConfigError, match="compare differently.*--compare FILE"):
+        report(split, tmp_path / "rep", reference="ref")

@@ -48,15 +48,24 @@ def measures(design: dict) -> tuple[list[Measure], str]:
 
 
 def design_of(run_dirs: list[Path]) -> dict | None:
-    """The ``compare`` table of the experiment file beside the run directories (None: the old design)."""
-    parents = {Path(d).resolve().parent for d in run_dirs}
-    if len(parents) != 1:
-        return None
-    try:
-        exp = json.loads((parents.pop() / EXPERIMENT_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return exp.get("compare") or None
+    """The ``compare`` table of the experiment files beside the run directories (None: the old design). Runs may
+    come from several folders (a study's archived records and its newly trained runs): the folders that hold an
+    experiment file must agree on the table, or it is an error that asks for ``--compare``; a folder without one
+    (runs trained one by one) does not vote."""
+    from ..config_base import ConfigError
+
+    tables: dict[Path, dict | None] = {}
+    for parent in sorted({Path(d).resolve().parent for d in run_dirs}):
+        try:
+            exp = json.loads((parent / EXPERIMENT_FILE).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        tables[parent] = exp.get("compare") or None
+    distinct = {json.dumps(t, sort_keys=True) for t in tables.values()}
+    if len(distinct) > 1:
+        listed = "; ".join(f"{p.name}: {t}" for p, t in tables.items())
+        raise ConfigError(f"the runs come from folders whose studies compare differently ({listed}); give the design with --compare FILE")
+    return next(iter(tables.values()), None)
 
 
 def load_design(path: Path) -> dict:
