@@ -37,7 +37,7 @@ def test_every_claim_of_the_paper_has_a_row(card):
         assert must in ids
     rows = {r["id"]: r for r in card["claims"]}
     # studies never run show as "not run" with the study named; GPU rows say so
-    assert rows["rwkv6_worse"]["verdict"] == "not run" and "architectures_more" in rows["rwkv6_worse"]["detail"]
+    assert rows["based_worse"]["verdict"] == "not run" and "architectures_more" in rows["based_worse"]["detail"]
     assert rows["fewshot_top1_on_par"]["verdict"] == "not run" and "GPU" in rows["fewshot_top1_on_par"]["detail"]
     # tuned and shared-rate versions both appear
     # (published with the comparison design, the shared-rate claim is answered there, the old estimate beside it)
