@@ -112,6 +112,14 @@ def test_a_published_study_keeps_its_tuning_runs_records_and_can_stand_in_for_it
     assert kept == ["abs@lr=0.01-s100", "abs@lr=1e-06-s100", "tpp@lr=0.01-s100", "tpp@lr=1e-06-s100"]
     assert sorted(p.name for p in (out / "tuning_runs" / kept[0]).iterdir()) == ["done.json", "metrics.jsonl.zst", "run.json"]
 
+    # a tuning run still training (no done.json) gives no gap and is not archived
+    unfinished = runs / "tpp@lr=1e-06-s100" / "done.json"
+    done = unfinished.read_text()
+    unfinished.unlink()
+    report(sorted(runs.glob("*-s0")), tmp_path / "partial", reference="tpp", tuning_json=runs / TUNING_FILE, archive=True)
+    assert sorted(p.name for p in (tmp_path / "partial" / "tuning_runs").iterdir()) == [k for k in kept if k != "tpp@lr=1e-06-s100"]
+    unfinished.write_text(done)
+
     def records(folder):
         return {d.name: [line for line, _ in RunDir(d)._metric_lines()] for d in sorted(folder.glob("*-s*"))}
 
