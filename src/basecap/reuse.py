@@ -1,9 +1,10 @@
 """Reusing finished runs of another study (``--reuse DIR``).
 
 Studies share runs: the reference Transformer++ of an ablation is, run for run, the Transformer++ of the
-headline study when the data, model, training and evaluation settings and the seed agree. A run is a pure
-function of its resolved config (the batch of step s is a function of (seed, s); the name is only a
-label), so a finished run whose config equals this one in everything but ``name`` is this run: it is
+headline study when the data, model, training and evaluation settings and the seed agree. On one machine
+and software stack a run is a pure function of its resolved config (the batch of step s is a function of
+(seed, s); the name is only a label; on another machine only to floating-point precision, which grows over
+training: docs/experiments.md), so a finished run whose config equals this one in everything but ``name`` is this run: it is
 copied instead of trained again. The copy keeps its metrics, checkpoints and test evaluation; its
 ``run.json`` gets this study's name and run id and says where it came from (``reused_from``), and its
 ``git_commit`` stays the commit that trained it.
