@@ -56,7 +56,8 @@ def report(
     plots into ``out_dir``;
     returns the path of report.md. ``reference``: a run name, or several (each run is compared with the one of its own
     mixer, ``report.analysis``). ``tuning_json``: a tune experiment's choice, shown before the comparison.
-    ``archive``: also keep every run's records under ``out_dir/runs/`` (``archive_runs``)."""
+    ``archive``: also keep every run's records under ``out_dir/runs/`` (``archive_runs``), and with
+    ``tuning_json`` the finished tuning runs' records under ``out_dir/tuning_runs/`` (``archive_tuning_runs``)."""
     runs = [load_run(d) for d in run_dirs]
     if not runs:
         raise ValueError("report: no run directories given")

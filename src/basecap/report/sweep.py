@@ -132,9 +132,9 @@ def tuning_run_dir(folder: Path, name: str, seed) -> RunDir | None:
     """The finished tuning run ``name`` on ``seed`` (done.json; metrics plain or archived as metrics.jsonl.zst): in
     the study folder that holds tuning.json, else in its ``tuning_runs/`` (a results folder); None when neither has
     it finished (a run still training gives no gap and is not archived)."""
-    for d in (Path(folder) / f"{name}-s{seed}", Path(folder) / TUNING_RUNS / f"{name}-s{seed}"):
-        if RunDir(d).has_metrics() and RunDir(d).read_done() is not None:
-            return RunDir(d)
+    for rd in (RunDir(Path(folder) / f"{name}-s{seed}"), RunDir(Path(folder) / TUNING_RUNS / f"{name}-s{seed}")):
+        if rd.has_metrics() and rd.read_done() is not None:
+            return rd
     return None
 
 
