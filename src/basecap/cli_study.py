@@ -153,8 +153,9 @@ def add_report(sub) -> None:
         "--archive",
         action="store_true",
         help="also copy every run's records (run.json, metrics.jsonl, eval.json, suite results; no checkpoints) "
-        "to OUT/runs/ and the --tuning file to OUT/, so `basecap report OUT/runs/* --out OUT` writes the "
-        "same report again from the results folder alone",
+        "to OUT/runs/, the --tuning file to OUT/ and its finished tuning runs' records to OUT/tuning_runs/, so "
+        "`basecap report OUT/runs/* --out OUT --tuning OUT/tuning.json` writes the same report again from the "
+        "results folder alone",
     )
 
 
