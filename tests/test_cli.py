@@ -131,3 +131,20 @@ reps = 1
     for s in ("s0", "s1"):
         assert json.loads((runs / f"tpp-{s}" / "eval_mqar.json").read_text())["options"]["steps"] == 12
     assert json.loads(speed.read_text())["meta"]["grid"]["lengths"] == [16, 24]
+
+
+def test_archive_keeps_finished_runs_records_and_refuses_unfinished_ones(tmp_path, capsys):
+    """`basecap archive` copies what `report --archive` copies (records, metrics compressed, no checkpoints), without a
+    report; a run without done.json is an error naming it, and then nothing is copied."""
+    from tests.test_report import fake_run
+
+    done = fake_run(tmp_path / "study", "ref", 0, 1.0, done=True)
+    (done / "checkpoints" / "step_10").mkdir(parents=True)
+    training = fake_run(tmp_path / "study", "ssm", 0, 1.3)
+    out = tmp_path / "results"
+    assert main(["archive", str(done), str(training), "--out", str(out)]) == 2
+    assert str(training) in capsys.readouterr().err and not out.exists()
+    assert main(["archive", str(done), "--out", str(out)]) == 0
+    kept = sorted(p.name for p in (out / "runs" / "ref-s0").iterdir())
+    assert kept == ["done.json", "metrics.jsonl.zst", "run.json"]
+    assert main(["archive", str(tmp_path / "nothing"), "--out", str(out)]) == 2

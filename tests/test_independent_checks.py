@@ -117,8 +117,7 @@ def test_fixed_vs_tuned_against_gaps_known_by_construction(tmp_path):
     # code loss = in-domain loss + offset on every evaluation, so the matched gap of a pair is the offsets' difference
     offsets = {"ref@lr=1": 0.0, "ref@lr=2": 0.5, "ssm@lr=1": 0.3, "ssm@lr=2": 0.9}
     for name, off in offsets.items():
-        d = fake_run(tmp_path, name, 100, off)
-        (d / "done.json").write_text(json.dumps({"steps": 1, "final": {}}))  # a finished tuning run (only those count)
+        fake_run(tmp_path, name, 100, off, done=True)  # a finished tuning run (only those count)
     tried = lambda n: [{"name": f"{n}@lr={v}", "values": {"train.lr": v}} for v in (1, 2)]  # noqa: E731
     tuning = {"seeds": [100], "runs": {"ref": {"tried": tried("ref"), "chosen": {"train.lr": 1}, "chosen_name": "ref@lr=1"},
                                        "ssm": {"tried": tried("ssm"), "chosen": {"train.lr": 2}, "chosen_name": "ssm@lr=2"}}}
@@ -241,8 +240,7 @@ def test_fixed_values_pair_whatever_the_key_order_and_a_missing_point_gives_none
 
     offsets = {"ref@a": 0.0, "ref@b": 0.5, "ssm@a": 0.3}  # ssm@b was never kept
     for name, off in offsets.items():
-        d = fake_run(tmp_path, name, 100, off)
-        (d / "done.json").write_text(json.dumps({"steps": 1, "final": {}}))  # a finished tuning run (only those count)
+        fake_run(tmp_path, name, 100, off, done=True)  # a finished tuning run (only those count)
     a, b = {"train.lr": 1, "train.weight_decay": 0}, {"train.lr": 2, "train.weight_decay": 0}
     swapped = lambda v: dict(reversed(list(v.items())))  # noqa: E731 - keys out of sorted order, as a TOML file may give them
     tuning = {"seeds": [100], "runs": {

@@ -9,10 +9,10 @@ from basecap.report import load_run, matched_gap, report
 from basecap.report.baselines import run_unigram
 
 
-def fake_run(root, name, seed, offset, weights=None, steps=10, x_shift=0.0, unigram=None, windows=0, info_extra=None):
+def fake_run(root, name, seed, offset, weights=None, steps=10, x_shift=0.0, unigram=None, windows=0, info_extra=None, done=False):
     """A run folder whose in-domain loss falls linearly from 5 to 3 (+ x_shift) and whose code loss is that
     + offset. ``unigram``: per-domain baseline losses recorded in the evaluations; ``windows``: number of
-    per-window losses recorded (around each loss, seeded by the run)."""
+    per-window losses recorded (around each loss, seeded by the run); ``done``: finished (a done.json)."""
     d = root / f"{name}-s{seed}"
     d.mkdir(parents=True)
     weights = weights or {"prose": 1.0}
@@ -33,6 +33,8 @@ def fake_run(root, name, seed, offset, weights=None, steps=10, x_shift=0.0, unig
                 res["window_losses"] = (res["loss"] + noise - noise.mean()).tolist()
         lines.append({"kind": "eval", "step": i + 1, "in_domain_loss": float(x), "domains": doms})
     (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    if done:
+        (d / "done.json").write_text(json.dumps({"steps": steps, "final": {}}))
     return d
 
 

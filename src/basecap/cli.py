@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .cli_study import add_plan, add_report, add_run, add_scorecard, add_train
+from .cli_study import add_archive, add_plan, add_report, add_run, add_scorecard, add_train
 from .cli_tools import add_anneal, add_bench, add_data, add_eval, add_export, add_mixers, add_peak
 
 
@@ -24,6 +24,7 @@ EPILOG = """examples:
   basecap train experiments/quickstart.toml --run transformer_pp
   basecap eval runs/quickstart/transformer_pp-s0     test-split loss and bits/byte per domain
   basecap report runs/quickstart/*-s0 --out my_report
+  basecap archive runs/quickstart/*-s0 --out results/quickstart   keep finished runs' records, no report
 """
 
 
@@ -36,7 +37,21 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for add in (add_data, add_train, add_eval, add_report, add_run, add_mixers, add_export, add_plan, add_bench, add_peak, add_scorecard, add_anneal):
+    for add in (
+        add_data,
+        add_train,
+        add_eval,
+        add_report,
+        add_run,
+        add_mixers,
+        add_export,
+        add_plan,
+        add_bench,
+        add_peak,
+        add_scorecard,
+        add_anneal,
+        add_archive,
+    ):
         add(sub)
     return p
 

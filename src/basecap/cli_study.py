@@ -159,6 +159,29 @@ def add_report(sub) -> None:
     )
 
 
+def _cmd_archive(args):
+    """Keep finished runs' records (no checkpoints) under OUT/runs/, as ``report --archive`` does, without writing
+    a report: a study still training keeps what is done, and a lost run folder continues from it with ``--reuse``.
+    A run that has not finished (no done.json) is refused, naming it, and nothing is copied."""
+    from .report.core import archive_runs
+    from .rundir import RunDir
+
+    missing = [d for d in args.run_dirs if not Path(d).is_dir()]
+    if missing:
+        raise ConfigError("not a run folder: " + ", ".join(missing))
+    unfinished = [d for d in args.run_dirs if RunDir(d).read_done() is None]
+    if unfinished:
+        raise ConfigError("not finished (no done.json), nothing archived: " + ", ".join(unfinished))
+    dest = archive_runs(args.run_dirs, args.out)
+    print(f"kept the records of {len(args.run_dirs)} runs in {dest}")
+
+
+def add_archive(sub) -> None:
+    a = command(sub, "archive", _cmd_archive, "keep finished runs' records (no checkpoints) under OUT/runs/, without a report")
+    a.add_argument("run_dirs", nargs="+", help="finished run folders")
+    a.add_argument("--out", required=True, help="the results folder; records go to OUT/runs/<run folder>/")
+
+
 def _cmd_scorecard(args):
     """Test every claim of the paper (experiments/paper/claims.toml) once, from the published studies' archived
     records, with one Holm family over the claims file; write results/SCORECARD.md and results/scorecard.json
