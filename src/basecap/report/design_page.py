@@ -17,6 +17,16 @@ MEASURE_WORDS = {
 }
 
 
+def band_text(band: list[float]) -> str:
+    """An in-domain band as the study file gives it, every bound with one or two decimals: 4.0-4.2, 4.8-5.0, 4.25-4.45."""
+
+    def num(x: float) -> str:
+        t = f"{x:.2f}".rstrip("0")
+        return t + "0" if t.endswith(".") else t
+
+    return f"{num(band[0])}-{num(band[1])}"
+
+
 def design_sections(summary: dict) -> list[str]:
     d = summary["design"]
     match = ", ".join(d["match_domains"]) if d.get("match_domains") else "each run's training domains (in-domain loss)"
@@ -26,12 +36,14 @@ def design_sections(summary: dict) -> list[str]:
         "",
         (
             "Given on the command line (`basecap report --compare`): a re-analysis, chosen after the runs, so exploratory "
+            "(docs/metrics.md, \"The comparison design\"). "
             if d.get("given")
-            else "Fixed in the study file before any run trained "
+            else "From the study file (docs/metrics.md, \"The comparison design\"), where it is fixed before any run trains; a "
+            "later change is a deviation, recorded there with its date, what had been read and its reason. "
         )
-        + f"(docs/metrics.md, \"The comparison design\"). Matching coordinate: "
+        + "Matching coordinate: "
         f"the loss on {match}. Primary measure: `{d['primary']}` ({MEASURE_WORDS.get(d['primary'], d['primary'])}): the mean "
-        f"gap over the in-domain band {d['band'][0]:g}-{d['band'][1]:g}, the same for every comparison. Annealed points are the "
+        f"gap over the in-domain band {band_text(d['band'])}, the same for every comparison. Annealed points are the "
         "cooldown branches' evaluations and each run's own end (its schedule ends at the floor rate); seen targets are the "
         "held-out tokens whose id occurs at least `eval.seen_min_count` times in the training domains' train split, so the "
         "gap is not about rows of the head that training could only push down. The other measures follow the primary table.",
@@ -51,12 +63,12 @@ def _reach_lines(r: dict | None, band: list[float]) -> list[str]:
         f"(the lowest is set by `{low_by}`, the highest by `{high_by}`). "
     )
     if r["band_held"]:
-        return ["", text + f"The band {band[0]:g}-{band[1]:g} lies inside."]
-    text += f"**The band {band[0]:g}-{band[1]:g} does not lie inside**, so a pair whose curves do not hold it has no primary gap. "
+        return ["", text + f"The band {band_text(band)} lies inside."]
+    text += f"**The band {band_text(band)} does not lie inside**, so a pair whose curves do not hold it has no primary gap. "
     if r.get("rule_band"):
         a, b = r["rule_band"]
         text += (
-            f"The rule of docs/metrics.md (\"When a curve cannot reach the band\") gives {a:g}-{b:g}: the band of the same "
+            f"The rule of docs/metrics.md (\"When a curve cannot reach the band\") gives {band_text([a, b])}: the band of the same "
             f"width whose bottom is the lowest loss every curve reaches, rounded up to a multiple of {RULE_STEP:g}, decided on in-domain "
             "losses only. Moving a study's band after its runs trained is a deviation: record it in the study file."
         )

@@ -189,10 +189,11 @@ def _comparison_table(summary: dict) -> list[str]:
 
 
 def _design_sentence(summary: dict) -> str:
+    from .design_page import band_text
+
     d = summary["design"]
     return (
-        f"Primary gap (measure `{d['primary']}`, see the comparison design above) = mean gap over the study's in-domain band "
-        f"{d['band'][0]:g}-{d['band'][1]:g}, "
+        f"Primary gap (measure `{d['primary']}`, see the comparison design above) = mean gap over the study's in-domain band {band_text(d['band'])}, "
     )
 
 
