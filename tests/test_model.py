@@ -149,3 +149,20 @@ def test_mixer_output_norms_use_the_cpu_rms_norm(name):
     m = LM(ModelConfig(vocab_size=32, d_model=64, n_layers=1, max_seq_len=16, mixer={"name": name}))
     norms = [mod for mod in m.blocks[0].mixer.modules() if isinstance(mod, torch.nn.RMSNorm)]
     assert norms and all(type(mod) is RMSNorm for mod in norms)
+
+
+def test_a_masked_attention_gives_sdpa_a_4d_mask(monkeypatch):
+    """SDPA's fused CPU kernel takes 2-D or 4-D masks only; a 3-D one falls back to the unfused math path (ALiBi's
+    1k-context runs took 2-2.6x as long with it, LOG.md round 13)."""
+    import torch.nn.functional as F
+
+    seen, sdpa = [], F.scaled_dot_product_attention
+
+    def spy(q, k, v, attn_mask=None, **kw):
+        seen.append(None if attn_mask is None else attn_mask.dim())
+        return sdpa(q, k, v, attn_mask=attn_mask, **kw)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
+    for mixer in ({"position": "alibi"}, {"window": 16}):
+        tiny({"name": "attention", "head_dim": 8, **mixer})(torch.randint(0, 50, (2, 20)))
+    assert seen and set(seen) == {4}

@@ -327,3 +327,9 @@ def test_plot_legends_name_each_run_once():
     assert [_legend_label(r, seeds, labelled) for r in runs] == ["a (3 seeds)", "_nolegend_", "_nolegend_", "b-s0"]
     labelled = set()  # a panel where a-s0 has no curve: a-s1 carries the name
     assert [_legend_label(r, seeds, labelled) for r in runs[1:]] == ["a (3 seeds)", "_nolegend_", "b-s0"]
+
+
+def test_bands_print_as_written():
+    from basecap.report.design_page import band_text
+
+    assert [band_text(b) for b in ([4.0, 4.2], [4.8, 5.0], [4.25, 4.45], [4.125, 5])] == ["4.0-4.2", "4.8-5.0", "4.25-4.45", "4.125-5.0"]

@@ -123,7 +123,7 @@ class Attention(Mixer):
         if cfg.window and q.shape[2] >= 2 * cfg.window:
             return self._attend_blocked(q, k, v, scale)
         # a 4-D mask [1, H or 1, Tq, Tk]: PyTorch's fused CPU kernel takes 2-D or 4-D masks only, and a 3-D one falls back
-        # to the unfused math path (2.5x slower fwd+bwd for ALiBi at 1024 tokens, same output to 1e-6)
+        # to the unfused math path (LOG.md, round 13: ALiBi's whole 1k-context runs took 2-2.6x as long with it)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=self._bias(q_pos, k_pos)[None].to(q.dtype), scale=scale)
 
     def _attend_blocked(self, q, k, v, scale: float) -> torch.Tensor:

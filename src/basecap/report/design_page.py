@@ -18,11 +18,11 @@ MEASURE_WORDS = {
 
 
 def band_text(band: list[float]) -> str:
-    """An in-domain band as the study file gives it, every bound with one or two decimals: 4.0-4.2, 4.8-5.0, 4.25-4.45."""
+    """An in-domain band as the study file gives it, every bound with at least one decimal: 4.0-4.2, 4.8-5.0, 4.25-4.45."""
 
     def num(x: float) -> str:
-        t = f"{x:.2f}".rstrip("0")
-        return t + "0" if t.endswith(".") else t
+        t = f"{x:g}"
+        return t if "." in t else t + ".0"
 
     return f"{num(band[0])}-{num(band[1])}"
 
