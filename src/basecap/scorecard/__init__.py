@@ -7,7 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..config_base import ConfigError
-from .claims import CLAIMS_FILE, load_claims, superseding_claim
+from .claims import CLAIMS_FILE, load_claims
+from .scale import scale_steps
 from .compute import claim_values, comparison_key, lacking_runs, load_study, provenance, scale_of_config, scale_of_run
 from .verdicts import NOT_RUN, UNTESTABLE, claim_margin, decide, claim_tests
 
@@ -30,9 +31,9 @@ def _superseded(c, claims, studies: dict, domains: list[str]):
     and the old study's estimate is kept beside; until then it stays with the old study, and the row says what the
     superseding study is and how far it is published."""
     old = claims.studies[c.study]
-    if old.superseded_by is None or (old.superseding_runs and any(r not in old.superseding_runs for r in c.runs)):
-        return c, None, None  # with a run map, only the claims whose every run it maps move
-    new = superseding_claim(c, old)
+    new = claims.answering(c)  # with a run map, only the claims whose every run it maps move
+    if new is c or old.superseded_by is None:
+        return c, None, None
     folder = claims.results_dir(old.superseded_by)
     st = studies.get(folder)
     lacking = lacking_runs(new.runs, st) if st is not None else new.runs
@@ -130,6 +131,7 @@ def build_scorecard(root: str | Path = ".", claims_path: str | Path | None = Non
         )
         row["test"] = claim_tests(c, got["values"], claim_margin(c, claims.margin))
     m = decide(rows, claims.alpha, claims.power)
+    steps = scale_steps(root, claims, studies, rows)
     for r in rows:
         r.pop("claim_obj")
     n_records = sum(len(st.runs) for st in studies.values())
@@ -140,6 +142,7 @@ def build_scorecard(root: str | Path = ".", claims_path: str | Path | None = Non
         "power": claims.power,
         "family_size": m,
         "claims": rows,
+        "scale_steps": steps,
         "studies": sorted(studies),
         "run_records": n_records,
         "distinct_runs": len({fp for st in studies.values() for fp in st.fingerprints.values()}),

@@ -105,6 +105,15 @@ class Claim(Strict):
         return [n for n in [*names, self.control_run, self.control_reference] if n is not None]
 
 
+class ScaleStep(Strict):
+    """A claim measured again at another size, outside the family: its gap with an uncorrected interval beside the
+    claim's own, and the difference of the two (Welch: the sizes' runs are independent)."""
+
+    claim: str  # a claim's id; the step compares the runs that answer it (their names after any superseding study)
+    study: str  # a [studies.*] entry at the other size, whose experiment file has those runs
+    why: str  # what the step tests, in one line
+
+
 class ClaimsFile(Strict):
     margin: float
     margin_reason: str
@@ -113,6 +122,7 @@ class ClaimsFile(Strict):
     domains: list[str]
     studies: dict[str, Study]
     claims: list[Claim]
+    scale_steps: list[ScaleStep] = []
 
     @model_validator(mode="after")
     def _check(self):
@@ -125,6 +135,14 @@ class ClaimsFile(Strict):
             seen.add(c.id)
             if c.study is not None and c.study not in self.studies:
                 raise ValueError(f"claims[{i}] ({c.id}): unknown study {c.study!r}; studies: {', '.join(self.studies)}")
+        in_family = {c.study for c in self.claims} | {self.studies[c.study].superseded_by for c in self.claims if c.study in self.studies}
+        for i, step in enumerate(self.scale_steps):
+            claim = next((c for c in self.claims if c.id == step.claim), None)
+            if claim is None or claim.untestable is not None:
+                raise ValueError(f"scale_steps[{i}]: {'unknown claim' if claim is None else 'a claim no study tests:'} {step.claim!r}")
+            if step.study not in self.studies or step.study in in_family:
+                what = "unknown study" if step.study not in self.studies else "a study a claim of the family uses (a scale step is outside it)"
+                raise ValueError(f"scale_steps[{i}] ({step.claim}): {what} {step.study!r}")
         for key, st in self.studies.items():
             if st.superseded_by is not None and (st.superseded_by not in self.studies or st.superseded_by == key):
                 raise ValueError(f"studies.{key}.superseded_by: unknown study {st.superseded_by!r}")
@@ -132,6 +150,19 @@ class ClaimsFile(Strict):
 
     def results_dir(self, study: str) -> str:
         return self.studies[study].results or study
+
+    def answering(self, claim: Claim) -> Claim:
+        """``claim`` with the run names of the study that answers it once every rerun is published (its
+        superseding study's, where that study maps every run of it)."""
+        study = self.studies[claim.study] if claim.study else None
+        if study is None or study.superseded_by is None or (study.superseding_runs and any(r not in study.superseding_runs for r in claim.runs)):
+            return claim
+        return superseding_claim(claim, study)
+
+    def step_claim(self, step: ScaleStep) -> Claim:
+        """The claim of a scale step as its study answers it (the answering run names, at the step's study)."""
+        claim = next(c for c in self.claims if c.id == step.claim)
+        return self.answering(claim).model_copy(update={"study": step.study})
 
 
 def load_claims(path: str | Path = CLAIMS_FILE, root: str | Path = ".") -> ClaimsFile:
@@ -176,13 +207,14 @@ def check_runs(claims: ClaimsFile, root: Path, path: Path) -> None:
                 raise ConfigError(
                     f"{path}: studies.{key}.superseding_runs: {study.superseding_runs} names runs that {key} or {study.superseded_by} do not have"
                 )
-    for i, c in enumerate(claims.claims):
+    steps = [(f"scale_steps[{i}]", claims.step_claim(st)) for i, st in enumerate(claims.scale_steps)]
+    for where, c in [*((f"claims[{i}]", c) for i, c in enumerate(claims.claims)), *steps]:
         if c.study is None:
             continue
         bad = [r for r in c.runs if r not in names[c.study]]
         if bad:
             raise ConfigError(
-                f"{path}: claims[{i}] ({c.id}): {', '.join(map(repr, bad))} is not a run of "
+                f"{path}: {where} ({c.id}): {', '.join(map(repr, bad))} is not a run of "
                 f"{claims.studies[c.study].experiment} (runs: {', '.join(names[c.study])})"
             )
 

@@ -167,7 +167,54 @@ def scorecard_markdown(card: dict) -> str:
         "|---|---|",
     ]
     lines += [f"| {c['study']}/{c['run']} | {_source(c, prefix='')} |" for c in card["copies"]]
+    lines += scale_markdown(card)
     return "\n".join(lines) + "\n"
+
+
+def step_rows(step: dict, prefix: str = "") -> list[str]:
+    """A scale step as two table rows: the claim at its own size, then at the step's (or what it is waiting for)."""
+    b = step["base"]
+    bt = b["test"] or {}
+    out = [
+        f"| `{step['claim']}` | {b['size']} | {scale_text(b['scale'])} | {_link(b['study'], b['results'], prefix)} | "
+        f"{_n(bt.get('mean'))} {_ci(bt.get('ci95'))} | {len(b['seeds']) or '-'} | the claim's own size (its row in the family) |"
+    ]
+    t = step["test"] or {}
+    if step["status"] == "measured":
+        d = step["difference"]
+        diff = f"; minus the {b['size']} gap: {_n(d['mean'])} {_ci(d['ci95'])} (Welch p {_p(d['p'])})" if d else ""
+        est, note = f"{_n(t.get('mean'))} {_ci(t.get('ci95'))}", f"{step['reading']}{diff}"
+    else:
+        est, note = "-", f"{step['status']}: {step['detail']}"
+    out.append(
+        f"| `{step['claim']}` | {step['size']} | {scale_text(step['scale'])} | {_link(step['study'], step['results'], prefix)} | "
+        f"{est} | {len(step['seeds']) or '-'} | {note} |"
+    )
+    return out
+
+
+STEP_HEADER = ["| claim | size | scale | study | gap [95% CI] | seeds | reading |", "|---|---|---|---|---|---|---|"]
+
+
+def scale_markdown(card: dict) -> list[str]:
+    """SCORECARD.md's section on the scale steps (none: no section)."""
+    steps = card.get("scale_steps") or []
+    if not steps:
+        return []
+    lines = [
+        "",
+        "## Scale steps (outside the family)",
+        "",
+        "A claim measured again at a larger size, with the same design and band: its gap with an uncorrected 95% "
+        "interval, and the difference from the gap at the claim's own size (Welch's interval: the sizes' runs are "
+        "independent trainings). No Holm correction and no verdict: a step says whether a gap keeps its size as the "
+        "model and its training tokens grow. " + " ".join(f"`{s['claim']}` at {s['size']}: {s['why']}" for s in steps),
+        "",
+        *STEP_HEADER,
+    ]
+    for step in steps:
+        lines += step_rows(step)
+    return lines
 
 
 def pending_text(p: dict) -> str:
@@ -241,6 +288,15 @@ def readme_results(card: dict, root: Path) -> str:
             + ".",
             "",
         ]
+    for step in card.get("scale_steps") or []:
+        t, bt = step["test"] or {}, step["base"]["test"] or {}
+        now = (
+            f"{_n(t.get('mean'))} {_ci(t.get('ci95'))} over {len(step['seeds'])} seeds ({step['reading']})"
+            if step["status"] == "measured"
+            else f"{step['status']}: {step['detail']}"
+        )
+        base = f"{_n(bt.get('mean'))} {_ci(bt.get('ci95'))} at {step['base']['size']}"
+        lines += [f"Scale step, outside the family: `{step['claim']}` ({base}) at size {step['size']} ({scale_text(step['scale'])}): {now}.", ""]
     lines += [
         "Each published study (numbers from its `summary.json`; its own report corrects within the study):",
         "",
@@ -279,7 +335,18 @@ def study_block(card: dict, study: str) -> str:
         for rerun, rs in by_rerun.items():
             ids = ", ".join(f"`{r['id']}`" for r in rs)
             lines += ["", f"{ids} move to `{rerun}` once it is published: {pending_text(rs[0]['pending'])}."]
-    else:
+    steps = [s for s in card.get("scale_steps") or [] if s["results"] == study]
+    if steps:
+        lines += [
+            "",
+            "A scale step outside the family ([`results/SCORECARD.md`](../SCORECARD.md), \"Scale steps\"): a claim's "
+            "gap again at this size, beside its gap at the claim's own size.",
+            "",
+            *STEP_HEADER,
+        ]
+        for step in steps:
+            lines += step_rows(step, prefix="../")
+    elif not rows:
         lines.append("No claim of the paper is tested on this study's runs.")
     if copies:
         lines += ["", "Runs copied from another study (identical records, `--reuse`): the same trainings, not replications.", ""]

@@ -1,0 +1,103 @@
+"""Scale steps (``[[scale_steps]]`` of the claims file): a claim measured again at another size, outside the family.
+
+A step compares the runs that answer its claim (their names in the study that answers it) in another study, an
+experiment file at a larger size. Its gap is a one-sample test over seeds with an uncorrected 95% interval, shown
+beside the claim's gap at its own size, with the difference of the two (the step's gap minus the claim's; Welch's
+interval, ``scipy.stats.ttest_ind(equal_var=False)``: the two sizes' runs are independent trainings). It enters no
+Holm family and carries no verdict: it says whether the claim's gap keeps its size when the model and its tokens grow.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from scipy import stats
+
+from ..report.stats import paired_test
+from .compute import claim_values, lacking_runs, scale_of_config, scale_of_run
+
+
+def _test(values: list[float]) -> dict:
+    t = paired_test(values)
+    return {"mean": t.mean, "ci95": list(t.ci95) if t.ci95 else None, "n": t.n, "sd": t.sd, "p": t.p}
+
+
+def welch(a: list[float], b: list[float]) -> dict | None:
+    """mean(a) - mean(b) with Welch's 95% interval and two-sided p (None with fewer than 2 values on a side)."""
+    if len(a) < 2 or len(b) < 2:
+        return None
+    res = stats.ttest_ind(a, b, equal_var=False)
+    ci = res.confidence_interval(0.95)
+    return {"mean": float(sum(a) / len(a) - sum(b) / len(b)), "ci95": [float(ci.low), float(ci.high)], "p": float(res.pvalue), "df": float(res.df)}
+
+
+def reading(test: dict | None, sign: int) -> str:
+    """Where the uncorrected interval lies, in the claim's words (no verdict: the step is outside the family)."""
+    if not test or not test.get("ci95"):
+        return "too few seeds for an interval"
+    lo, hi = test["ci95"]
+    side = "above 0" if lo > 0 else "below 0" if hi < 0 else "includes 0"
+    if side == "includes 0" or sign == 0:
+        return f"the 95% interval {side}"
+    return f"the 95% interval {side}: {'the paper' + chr(39) + 's direction' if (lo > 0) == (sign > 0) else 'against the paper'}"
+
+
+def scale_steps(root: Path, claims, studies: dict, rows: list[dict]) -> list[dict]:
+    """One entry per scale step: the claim's gap at its own size (from its row) and at the step's size."""
+    out = []
+    for step in claims.scale_steps:
+        row = next(r for r in rows if r["id"] == step.claim)
+        c = claims.step_claim(step)
+        spec, folder = claims.studies[step.study], claims.results_dir(step.study)
+        st = studies.get(folder)
+        base_study = row["study"]
+        entry = {
+            "claim": step.claim,
+            "paper": row["paper"],
+            "why": step.why,
+            "runs": c.runs,
+            "study": step.study,
+            "experiment": spec.experiment,
+            "size": spec.size,
+            "label": spec.label,
+            "results": None,
+            "status": "not run",
+            "detail": f"experiments/paper/{spec.experiment} at size {spec.size} (results/{folder}/ not published yet)",
+            "seeds": [],
+            "values": [],
+            "test": None,
+            "difference": None,
+            "reading": "",
+            "scale": None,
+            "base": {
+                "study": base_study,
+                "results": row["results"],
+                "size": claims.studies[base_study].size if base_study else None,
+                "seeds": row["seeds"],
+                "test": {k: (row["test"] or {}).get(k) for k in ("mean", "ci95", "n", "sd", "p")} if row["test"] else None,
+                "scale": row["scale"],
+            },
+        }
+        out.append(entry)
+        lacking = c.runs if st is None else lacking_runs(c.runs, st)
+        if lacking or st is None:
+            entry["scale"] = scale_of_config(root, spec.experiment, spec.size, c.run or c.reference)
+            if st is not None:
+                entry["status"], entry["lacking"] = "in part", lacking
+                entry["detail"] = f"results/{folder}/ is published in part: no records of {', '.join(lacking)} yet"
+            continue
+        got = claim_values(c, st, c.domains or claims.domains)
+        scale_run = c.run or c.reference
+        entry.update(
+            results=folder,
+            status="measured",
+            detail="",
+            seeds=got["seeds"],
+            values=got["values"],
+            parts=got["parts"],
+            test=_test(got["values"]),
+            scale=scale_of_run(st.runs[next(k for k in got["used"] if k[0] == scale_run)]) if got["used"] else None,
+            difference=welch(got["values"], row["values"]) if row["values"] else None,
+        )
+        entry["reading"] = reading(entry["test"], c.sign)
+    return out

@@ -1,0 +1,102 @@
+"""Scale steps of the scorecard: a claim's gap again at a larger size, outside the family (validation, the
+measured / in-part / not-run states, Welch's difference against the textbook formula, the generated text)."""
+
+import math
+import shutil
+from pathlib import Path
+
+import pytest
+from scipy import stats
+
+from basecap.config_base import ConfigError
+from basecap.scorecard import build_scorecard, load_claims
+from basecap.scorecard.render import readme_results, scorecard_markdown, study_block
+from basecap.scorecard.scale import reading, welch
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _repo(tmp_path, studies=("architectures_annealed",)):
+    root = tmp_path / "repo"
+    shutil.copytree(ROOT / "experiments", root / "experiments")
+    (root / "results").mkdir()
+    for s in studies:
+        shutil.copytree(ROOT / "results" / s, root / "results" / s, ignore=shutil.ignore_patterns("*.png", "*.html"))
+    return root
+
+
+def _edit(root, old, new):
+    p = root / "experiments/paper/claims.toml"
+    text = p.read_text()
+    assert old in text
+    p.write_text(text.replace(old, new))
+
+
+def test_a_scale_step_is_validated_like_a_claim(tmp_path):
+    root = _repo(tmp_path, ())
+    step = '[[scale_steps]]\nclaim = "mamba2_worse"\nstudy = "architectures_annealed_4x"'
+    _edit(root, step, step.replace("mamba2_worse", "mamba9_worse"))
+    with pytest.raises(ConfigError, match="scale_steps\\[0\\]: unknown claim 'mamba9_worse'"):
+        load_claims(root / "experiments/paper/claims.toml", root)
+    _edit(root, step.replace("mamba2_worse", "mamba9_worse"), step.replace("architectures_annealed_4x", "architectures_annealed"))
+    with pytest.raises(ConfigError, match="a study a claim of the family uses"):
+        load_claims(root / "experiments/paper/claims.toml", root)
+    # a step whose study's experiment file lacks the claim's runs
+    _edit(root, step.replace("architectures_annealed_4x", "architectures_annealed"), step.replace("architectures_annealed_4x", "temperature_4x"))
+    _edit(
+        root, "[studies.fewshot_1p3b]", '[studies.temperature_4x]\nexperiment = "ablation_temperature.toml"\nsize = "small"\n[studies.fewshot_1p3b]'
+    )
+    with pytest.raises(
+        ConfigError, match="scale_steps\\[0\\] \\(mamba2_worse\\): 'mamba2', 'transformer_pp' is not a run of ablation_temperature.toml"
+    ):
+        load_claims(root / "experiments/paper/claims.toml", root)
+
+
+def test_a_scale_step_not_run_in_part_and_measured(tmp_path):
+    root = _repo(tmp_path)
+    card = build_scorecard(root)
+    (step,) = card["scale_steps"]
+    assert step["status"] == "not run" and step["test"] is None and step["scale"]["context"] == 256
+    assert step["base"]["test"]["mean"] == pytest.approx(next(r for r in card["claims"] if r["id"] == "mamba2_worse")["test"]["mean"])
+    assert card["family_size"] == build_scorecard(root)["family_size"]  # the step is outside the family
+    # published in part: only the reference's records
+    src, dst = root / "results/architectures_annealed", root / "results/architectures_annealed_4x"
+    shutil.copytree(src, dst, ignore=shutil.ignore_patterns("mamba*", "gated*", "top1*"))
+    (step,) = build_scorecard(root)["scale_steps"]
+    assert step["status"] == "in part" and step["lacking"] == ["mamba2"]
+    assert "published in part: no records of mamba2 yet" in scorecard_markdown(build_scorecard(root))
+    # measured: a stand-in with the small study's own records, so the gap is the claim's and the difference 0
+    shutil.rmtree(dst)
+    shutil.copytree(src, dst)
+    card = build_scorecard(root)
+    (step,) = card["scale_steps"]
+    row = next(r for r in card["claims"] if r["id"] == "mamba2_worse")
+    assert step["status"] == "measured" and step["results"] == "architectures_annealed_4x"
+    assert step["values"] == pytest.approx(row["values"]) and step["test"]["ci95"] == pytest.approx(row["test"]["ci95"])
+    assert step["difference"]["mean"] == pytest.approx(0, abs=1e-12) and step["difference"]["ci95"][0] < 0 < step["difference"]["ci95"][1]
+    assert step["reading"] == "the 95% interval above 0: the paper's direction"
+    text = scorecard_markdown(card)
+    assert "## Scale steps (outside the family)" in text and "minus the small gap: +0.000" in text
+    block = study_block(card, "architectures_annealed_4x")
+    assert "A scale step outside the family" in block and "| `mamba2_worse` | small-4x |" in block
+    assert "Scale step, outside the family: `mamba2_worse` (+0.202 [+0.161, +0.242] at small) at size small-4x" in readme_results(card, root)
+
+
+def test_welch_matches_the_textbook_formula():
+    a, b = [1.0, 2.0, 3.0, 4.0], [2.0, 4.0, 6.0]
+    va, vb = stats.tvar(a) / len(a), stats.tvar(b) / len(b)
+    df = (va + vb) ** 2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1))  # Welch-Satterthwaite
+    diff = sum(a) / 4 - sum(b) / 3
+    half = stats.t.ppf(0.975, df) * math.sqrt(va + vb)
+    w = welch(a, b)
+    assert w["mean"] == pytest.approx(diff) and w["df"] == pytest.approx(df)
+    assert w["ci95"] == pytest.approx([diff - half, diff + half])
+    assert w["p"] == pytest.approx(2 * stats.t.sf(abs(diff) / math.sqrt(va + vb), df))
+    assert welch([1.0], b) is None
+
+
+def test_reading_words():
+    assert reading({"ci95": [0.1, 0.3]}, 1) == "the 95% interval above 0: the paper's direction"
+    assert reading({"ci95": [-0.3, -0.1]}, 1) == "the 95% interval below 0: against the paper"
+    assert reading({"ci95": [-0.1, 0.3]}, 1) == "the 95% interval includes 0"
+    assert reading({"ci95": None}, 1) == "too few seeds for an interval"
