@@ -59,6 +59,13 @@ def test_a_scale_step_not_run_in_part_and_measured(tmp_path):
     assert step["status"] == "not run" and step["test"] is None and step["scale"]["context"] == 256
     assert step["base"]["test"]["mean"] == pytest.approx(next(r for r in card["claims"] if r["id"] == "mamba2_worse")["test"]["mean"])
     assert card["family_size"] == build_scorecard(root)["family_size"]  # the step is outside the family
+    # finished runs archived before the study is reported: still not run, and the row names them
+    kept = root / "results/architectures_annealed_4x/runs"
+    shutil.copytree(root / "results/architectures_annealed/runs/transformer_pp-s0", kept / "transformer_pp-s0")
+    (step,) = build_scorecard(root)["scale_steps"]
+    assert step["status"] == "not run" and step["kept"] == ["transformer_pp-s0"]
+    assert step["detail"].endswith("; finished runs kept in results/architectures_annealed_4x/runs/: transformer_pp-s0")
+    shutil.rmtree(kept.parent)
     # published in part: only the reference's records
     src, dst = root / "results/architectures_annealed", root / "results/architectures_annealed_4x"
     shutil.copytree(src, dst, ignore=shutil.ignore_patterns("mamba*", "gated*", "top1*"))

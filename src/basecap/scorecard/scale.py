@@ -82,6 +82,10 @@ def scale_steps(root: Path, claims, studies: dict, rows: list[dict]) -> list[dic
         lacking = c.runs if st is None else lacking_runs(c.runs, st)
         if lacking or st is None:
             entry["scale"] = scale_of_config(root, spec.experiment, spec.size, c.run or c.reference)
+            kept = sorted(d.parent.name for d in (root / "results" / folder / "runs").glob("*/done.json"))
+            if st is None and kept:  # finished runs archived before the study is reported
+                entry["kept"] = kept
+                entry["detail"] += f"; finished runs kept in results/{folder}/runs/: {', '.join(kept)}"
             if st is not None:
                 entry["status"], entry["lacking"] = "in part", lacking
                 entry["detail"] = f"results/{folder}/ is published in part: no records of {', '.join(lacking)} yet"
