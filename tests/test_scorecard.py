@@ -13,8 +13,8 @@ import pytest
 from basecap.config_base import ConfigError
 from basecap.scorecard import build_scorecard, load_claims
 from basecap.scorecard.claims import Claim
-from basecap.scorecard.compute import load_study, pair_gaps
-from basecap.scorecard.render import STUDY_MARKERS, generated_files, readme_results, scorecard_markdown
+from basecap.scorecard.compute import load_study, pair_gaps, slope
+from basecap.scorecard.render import STUDY_MARKERS, generated_files, readme_results, scorecard_markdown, stale_files
 from basecap.scorecard.verdicts import FAILS, HOLDS, UNDECIDED, decide, claim_tests
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -162,9 +162,27 @@ def test_trend_and_interaction_designs():
 
 def test_committed_outputs_are_what_the_scorecard_writes(card):
     """results/SCORECARD.md, scorecard.json, README.md's Results section and every study README's block."""
-    stale = [str(p.relative_to(ROOT)) for p, text in generated_files(card, ROOT).items()
-             if not p.is_file() or p.read_text(encoding="utf-8") != text]
+    stale = [str(p.relative_to(ROOT)) for p in stale_files(generated_files(card, ROOT))]
     assert not stale, f"out of date, run `basecap scorecard --write-readme`: {stale}"
+
+
+def test_trend_slope_is_the_least_squares_slope():
+    """Closed form with exact sums, against numpy's fit and a hand example (y = 2x + 1 plus symmetric noise)."""
+    import numpy as np
+
+    xs, ys = [3.0, 4.0, 6.0, 8.0], [0.0, 0.11, -0.02, 0.3]
+    assert slope(xs, ys) == pytest.approx(float(np.polyfit(xs, ys, 1)[0]), rel=1e-12)
+    assert slope([0.0, 1.0, 2.0], [1.1, 2.8, 5.1]) == pytest.approx(2.0)
+
+
+def test_a_json_file_differing_in_the_last_bits_is_current(tmp_path):
+    p, q = tmp_path / "a.json", tmp_path / "b.md"
+    p.write_text(json.dumps({"x": [0.1 + 0.2, 1, "s"]}), encoding="utf-8")
+    q.write_text("0.30000000000000004", encoding="utf-8")
+    assert stale_files({p: json.dumps({"x": [0.3, 1, "s"]}), q: "0.30000000000000004"}) == []
+    assert stale_files({p: json.dumps({"x": [0.3001, 1, "s"]})}) == [p]
+    assert stale_files({p: json.dumps({"x": [0.3, 1, "t"]}), q: "0.3"}) == [p, q]
+    assert stale_files({tmp_path / "missing.json": "{}"}) == [tmp_path / "missing.json"]
 
 
 TRIPLE = re.compile(r"([+-]?\d+\.\d+) \[([+-]?\d+\.\d+), ([+-]?\d+\.\d+)\]")

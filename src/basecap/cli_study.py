@@ -188,7 +188,7 @@ def _cmd_scorecard(args):
     (with --write-readme also the README's Results section and each study README's generated block). --check
     writes nothing and fails when a committed file differs from what would be written."""
     from .scorecard import build_scorecard
-    from .scorecard.render import generated_files
+    from .scorecard.render import generated_files, stale_files
 
     root = Path(args.root)
     card = build_scorecard(root, args.claims)
@@ -196,9 +196,9 @@ def _cmd_scorecard(args):
     if not (args.write_readme or args.check):
         files = {p: t for p, t in files.items() if p.parent == root / "results"}
     if args.check:
-        stale = [str(p) for p, t in files.items() if not p.is_file() or p.read_text(encoding="utf-8") != t]
+        stale = stale_files(files)
         if stale:
-            raise ConfigError("out of date (run `basecap scorecard --write-readme`): " + ", ".join(stale))
+            raise ConfigError("out of date (run `basecap scorecard --write-readme`): " + ", ".join(map(str, stale)))
         print(f"scorecard: {len(files)} files up to date")
         return
     from .rundir import atomic_write

@@ -104,6 +104,13 @@ def lacking_runs(runs: list[str], study: Study) -> list[str]:
     return [r for r in runs if r not in have]
 
 
+def slope(xs: list[float], ys: list[float]) -> float:
+    """The least-squares slope of ys on xs, in closed form with exactly rounded sums (math.fsum): the same bits
+    on every CPU, which a LAPACK fit (np.polyfit) does not promise, so scorecard.json reproduces byte for byte."""
+    mx, my = math.fsum(xs) / len(xs), math.fsum(ys) / len(ys)
+    return math.fsum((x - mx) * (y - my) for x, y in zip(xs, ys)) / math.fsum((x - mx) ** 2 for x in xs)
+
+
 def claim_values(claim: Claim, study: Study, domains: list[str]) -> dict:
     """The claim's statistic per seed (``values``, ``seeds``), its parts per domain, the runs it used and notes.
 
@@ -127,7 +134,7 @@ def claim_values(claim: Claim, study: Study, domains: list[str]) -> dict:
         per_run = {r: gaps(r, claim.reference) for r in claim.x if r != claim.reference}
         seeds = sorted(set.intersection(*(set(v) for v in per_run.values())))
         xs = [math.log2(claim.x[claim.reference])] + [math.log2(claim.x[r]) for r in per_run]
-        values = {s: float(np.polyfit(xs, [0.0] + [per_run[r][s] for r in per_run], 1)[0]) for s in seeds}
+        values = {s: slope(xs, [0.0] + [per_run[r][s] for r in per_run]) for s in seeds}
     elif claim.expect == "interaction":
         main, control = gaps(claim.run, claim.reference), gaps(claim.control_run, claim.control_reference)
         values = {s: main[s] - control[s] for s in sorted(set(main) & set(control))}

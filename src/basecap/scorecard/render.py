@@ -4,6 +4,7 @@ README's generated block (between markers, so the text around them stays hand-wr
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections import Counter
 from pathlib import Path
@@ -365,6 +366,32 @@ def replace_block(text: str, block: str, markers: tuple[str, str], append: bool 
     if not append:
         raise ValueError(f"no {markers[0]} ... {markers[1]} block")
     return text.rstrip("\n") + "\n\n" + block + "\n"
+
+
+def _same(a, b, rel: float = 1e-9) -> bool:
+    """JSON values equal, floats to ``rel`` (relative, or absolute near 0)."""
+    if isinstance(a, float) or isinstance(b, float):
+        return isinstance(a, int | float) and isinstance(b, int | float) and math.isclose(a, b, rel_tol=rel, abs_tol=rel)
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k], rel) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_same(x, y, rel) for x, y in zip(a, b))
+    return a == b
+
+
+def stale_files(files: dict[Path, str]) -> list[Path]:
+    """The generated files whose committed text differs from ``files``. A JSON file counts as current when its
+    numbers agree to 9 significant digits: the last bits of a float can differ between CPUs (numpy picks SIMD
+    kernels at run time), and every number the Markdown shows is rounded far above that."""
+    out = []
+    for p, text in files.items():
+        if not p.is_file():
+            out.append(p)
+            continue
+        old = p.read_text(encoding="utf-8")
+        if old != text and not (p.suffix == ".json" and _same(json.loads(old), json.loads(text))):
+            out.append(p)
+    return out
 
 
 def generated_files(card: dict, root: Path) -> dict[Path, str]:
