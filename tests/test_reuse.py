@@ -129,6 +129,12 @@ def test_a_published_study_keeps_its_tuning_runs_records_and_can_stand_in_for_it
     assert again.read_text() == first
     lines = []
     run_experiment(path, log=lines.append, reuse=[out / "tuning_runs", out / "runs"])
-    assert sum("reused" in m for m in lines) == 6 and not any("] step " in m for m in lines)  # nothing trained again
+    assert not any("] step " in m for m in lines)  # nothing trained again
+    # the study's own records are restored, not copies of another study's runs: no report calls them reused
+    assert sum("restored from" in m for m in lines) == 6 and not any("] reused" in m for m in lines)
     assert records(runs) == before
+    for d in sorted(runs.glob("*-s*")):
+        info = json.loads((d / "run.json").read_text())
+        assert "reused_from" not in info and info["restored_from"].startswith(str(out)), d.name
+    assert "Reused runs" not in report(sorted(runs.glob("*-s0")), tmp_path / "restored", reference="tpp").read_text()
     assert json.loads((runs / TUNING_FILE).read_text())["runs"]["tpp"]["chosen"] == {"train.lr": 0.01}

@@ -51,10 +51,32 @@ def find_reusable(config: dict, sources: list[Path]) -> Path | None:
     return None
 
 
+def _study(folder: Path) -> tuple | None:
+    """(name, size) of the study whose runs (or, for ``tuning_runs/``, tuning runs) ``folder`` holds, from the
+    experiment.json that ``basecap run`` and ``basecap archive`` write beside them; None without one."""
+    exp = folder / "experiment.json"
+    if not exp.is_file() and folder.name == "tuning_runs":
+        exp = folder.parent / "runs" / "experiment.json"
+    try:
+        info = json.loads(exp.read_text(encoding="utf-8"))
+        return info["name"], info.get("size")
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def is_restore(src: Path, run_dir: Path, old_id: str | None, run_id: str) -> bool:
+    """Whether ``src`` is this very run's own archived record (the same study and size, the same run id): bringing a
+    lost training folder back from ``results/<study>/runs``, not a copy of another study's run."""
+    here = _study(Path(run_dir).parent)
+    return old_id == run_id and here is not None and _study(Path(src).parent) == here
+
+
 def reuse_run(config: dict, run_id: str, run_dir: Path, sources: list[Path], log=print) -> bool:
     """Copy a finished, identical run of ``sources`` into ``run_dir`` (which must not exist yet), relabelled
     as ``run_id``. Returns whether a run was reused. The copy lands under a temporary name and is renamed
-    into place, so an interrupted copy never looks like a run."""
+    into place, so an interrupted copy never looks like a run. A source that is this run's own archived record
+    (``is_restore``) is restored as it was: marked ``restored_from``, not ``reused_from``, so no report calls the
+    run a copy of itself."""
     run_dir = Path(run_dir)
     if not sources or run_dir.exists():
         return False
@@ -66,6 +88,12 @@ def reuse_run(config: dict, run_id: str, run_dir: Path, sources: list[Path], log
     shutil.copytree(src, tmp, ignore=shutil.ignore_patterns("run.lock", "*.tmp"))
     info = json.loads((tmp / "run.json").read_text(encoding="utf-8"))
     old_id = info.get("run_id")
+    if is_restore(src, run_dir, old_id, run_id):
+        info["restored_from"] = str(src)
+        write_json(tmp / "run.json", info)
+        tmp.rename(run_dir)
+        log(f"[{run_id}] restored from {src} (this study's own archived records of the run; trained at commit {str(info.get('git_commit'))[:7]})")
+        return True
     info["config"]["name"] = config["name"]
     info["run_id"] = run_id
     info["reused_from"] = {"run_dir": str(src), "run_id": old_id}
