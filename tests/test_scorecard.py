@@ -183,6 +183,8 @@ def test_a_json_file_differing_in_the_last_bits_is_current(tmp_path):
     assert stale_files({p: json.dumps({"x": [0.3001, 1, "s"]})}) == [p]
     assert stale_files({p: json.dumps({"x": [0.3, 1, "t"]}), q: "0.3"}) == [p, q]
     assert stale_files({tmp_path / "missing.json": "{}"}) == [tmp_path / "missing.json"]
+    p.write_text("{not json", encoding="utf-8")
+    assert stale_files({p: "{}"}) == [p]
 
 
 TRIPLE = re.compile(r"([+-]?\d+\.\d+) \[([+-]?\d+\.\d+), ([+-]?\d+\.\d+)\]")

@@ -389,9 +389,17 @@ def stale_files(files: dict[Path, str]) -> list[Path]:
             out.append(p)
             continue
         old = p.read_text(encoding="utf-8")
-        if old != text and not (p.suffix == ".json" and _same(json.loads(old), json.loads(text))):
+        if old != text and not (p.suffix == ".json" and _same(_loads(old), json.loads(text))):
             out.append(p)
     return out
+
+
+def _loads(text: str):
+    """Parsed JSON, or None for a file that is not JSON (then stale)."""
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None
 
 
 def generated_files(card: dict, root: Path) -> dict[Path, str]:
