@@ -90,13 +90,12 @@ def reuse_run(config: dict, run_id: str, run_dir: Path, sources: list[Path], log
     old_id = info.get("run_id")
     if is_restore(src, run_dir, old_id, run_id):
         info["restored_from"] = str(src)
-        write_json(tmp / "run.json", info)
-        tmp.rename(run_dir)
-        log(f"[{run_id}] restored from {src} (this study's own archived records of the run; trained at commit {str(info.get('git_commit'))[:7]})")
-        return True
-    info["config"]["name"] = config["name"]
+        how = f"restored from {src} (this study's own archived records of the run"
+    else:
+        info["reused_from"] = {"run_dir": str(src), "run_id": old_id}
+        how = f"reused {src} (the same config but for its name"
+    info["config"]["name"] = config["name"]  # the labels: unchanged for a restored run
     info["run_id"] = run_id
-    info["reused_from"] = {"run_dir": str(src), "run_id": old_id}
     write_json(tmp / "run.json", info)
     ev = tmp / "eval.json"
     if ev.exists():
@@ -104,5 +103,5 @@ def reuse_run(config: dict, run_id: str, run_dir: Path, sources: list[Path], log
         rec["run_id"] = run_id
         write_json(ev, rec)
     tmp.rename(run_dir)
-    log(f"[{run_id}] reused {src} (the same config but for its name; trained at commit {str(info.get('git_commit'))[:7]})")
+    log(f"[{run_id}] {how}; trained at commit {str(info.get('git_commit'))[:7]})")
     return True
