@@ -106,7 +106,7 @@ def lacking_runs(runs: list[str], study: Study) -> list[str]:
 
 def slope(xs: list[float], ys: list[float]) -> float:
     """The least-squares slope of ys on xs, in closed form with exactly rounded sums (math.fsum): the same bits
-    on every CPU, which a LAPACK fit (np.polyfit) does not promise, so scorecard.json reproduces byte for byte."""
+    wherever IEEE doubles are, which a LAPACK fit (np.polyfit) does not promise, so scorecard.json reproduces byte for byte."""
     mx, my = math.fsum(xs) / len(xs), math.fsum(ys) / len(ys)
     return math.fsum((x - mx) * (y - my) for x, y in zip(xs, ys)) / math.fsum((x - mx) ** 2 for x in xs)
 

@@ -381,8 +381,8 @@ def _same(a, b, rel: float = 1e-9) -> bool:
 
 def stale_files(files: dict[Path, str]) -> list[Path]:
     """The generated files whose committed text differs from ``files``. A JSON file counts as current when its
-    numbers agree to 9 significant digits: the last bits of a float can differ between CPUs (numpy picks SIMD
-    kernels at run time), and every number the Markdown shows is rounded far above that."""
+    numbers agree to 9 significant digits: the last bits of a float may differ between machines and library
+    builds, and every number the Markdown shows is rounded far above that."""
     out = []
     for p, text in files.items():
         if not p.is_file():
