@@ -146,3 +146,17 @@ def test_dist_timeout_bounds_the_wait_for_missing_ranks(tmp_path):
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode != 0 and "Timed out" in r.stderr, r.stderr[-2000:]
     assert time.perf_counter() - t0 < 30
+
+
+def test_leave_waits_for_the_ranks_then_destroys_the_group(tmp_path):
+    """A finished torchrun job closes its process group before exit (a live Gloo group at interpreter
+    shutdown can abort a rank that finished); outside torchrun leaving is a no-op."""
+    import torch.distributed as dist
+
+    from basecap.distributed import leave
+
+    leave()  # no group: nothing to do
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    assert dist.is_initialized()
+    leave()
+    assert not dist.is_initialized()

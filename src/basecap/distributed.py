@@ -98,6 +98,16 @@ def mean_across_ranks(value: float, env: DistEnv) -> float:
     return float(t) / env.world_size
 
 
+def leave() -> None:
+    """End a torchrun job's process group: wait for every rank, then destroy the group, so that no Gloo
+    worker thread is still alive when the interpreter finalizes (a rank exiting with the group alive can
+    abort with "terminate called without an active exception", failing a job that finished). A no-op
+    outside torchrun."""
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+
+
 def barrier(env: DistEnv):
     if env.active:
         dist.barrier()
