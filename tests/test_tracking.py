@@ -16,7 +16,7 @@ import pytest
 
 from basecap.config_base import ConfigError
 from basecap.tracking import (check_loggers, max_wandb_step, normalize_loggers, open_loggers, read_wandb_file, scalars,
-                              wandb_run_files)
+                              wait_for_a_new_folder_name, wandb_run_files)
 
 DOMAINS = ("prose", "code")
 
@@ -225,6 +225,30 @@ def test_wandb_offline_run_killed_twice_and_resumed_keeps_one_id_and_every_step_
     assert list((run_dir / "wandb" / "cache").rglob("*.log"))  # wandb's own logs stayed in the run directory
     for log in (run_dir / "wandb").rglob("*.log"):
         assert "127.0.0.1:9" not in log.read_text(errors="replace"), log
+
+
+def test_a_resume_within_the_second_of_the_last_start_waits_for_a_new_folder_name(tmp_path):
+    """wandb's folder name holds the start second; a resume in that same second would overwrite the last
+    process's file, so it waits for the next second (a fake clock: no real sleep)."""
+    from datetime import datetime
+
+    start = 1_800_000_000.25
+    spec = datetime.fromtimestamp(start).strftime("%Y%m%d_%H%M%S")
+    folder = tmp_path / "wandb" / f"offline-run-{spec}-abcd1234"
+    folder.mkdir(parents=True)
+    (folder / "run-abcd1234.wandb").write_bytes(b"")
+    t, slept = [start + 0.5], []
+
+    def sleep(s):
+        slept.append(s)
+        t[0] += s
+
+    wait_for_a_new_folder_name(tmp_path, "abcd1234", clock=lambda: t[0], sleep=sleep)
+    assert slept and t[0] - start < 0.8 and datetime.fromtimestamp(t[0]).strftime("%Y%m%d_%H%M%S") != spec
+    slept.clear()
+    wait_for_a_new_folder_name(tmp_path, "abcd1234", clock=lambda: t[0], sleep=sleep)  # a later second: no wait
+    wait_for_a_new_folder_name(tmp_path, "other123", clock=lambda: start, sleep=sleep)  # another run: no wait
+    assert slept == []
 
 
 def test_trainer_feeds_both_loggers_across_a_resume(tiny_corpus, tiny_recipe_path, tmp_path, monkeypatch):

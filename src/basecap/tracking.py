@@ -26,7 +26,9 @@ import os
 import secrets
 import string
 import struct
+import time
 import zlib
+from datetime import datetime
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterable, Iterator
@@ -196,6 +198,7 @@ class WandbSink:
             _write_json(self.state_path, state)
         self.id = state["id"]
         self.held = max_wandb_step(run_dir, self.id)
+        wait_for_a_new_folder_name(run_dir, self.id)
         with _env_default(WANDB_CACHE_DIR=str(run_dir / WANDB_DIR / "cache")):
             self.run = wandb.init(
                 project=state["project"],
@@ -293,6 +296,15 @@ def read_wandb_file(path: str | Path) -> dict[str, Any]:
 def wandb_run_files(run_dir: str | Path, run_id: str) -> list[Path]:
     """The files of W&B run ``run_id`` under ``run_dir``, one per process that logged to it, oldest first."""
     return sorted((Path(run_dir) / WANDB_DIR).glob(f"*run-*-{run_id}/run-{run_id}.wandb"), key=lambda p: p.parent.name.split("run-", 1)[1])
+
+
+def wait_for_a_new_folder_name(run_dir: str | Path, run_id: str, clock=time.time, sleep=time.sleep) -> None:
+    """wandb names a run's folder by the second its process started (``offline-run-YYYYmmdd_HHMMSS-<id>``):
+    a process resuming the run within the second an earlier one started would reuse that folder and
+    overwrite the earlier process's file, losing its steps. Wait until the clock is past every such second."""
+    taken = {p.parent.name.split("-")[-2] for p in wandb_run_files(run_dir, run_id)}
+    while datetime.fromtimestamp(now := clock()).strftime("%Y%m%d_%H%M%S") in taken:
+        sleep(1.0 - now % 1.0 + 0.01)
 
 
 def max_wandb_step(run_dir: str | Path, run_id: str) -> int:
