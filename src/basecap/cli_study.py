@@ -27,6 +27,7 @@ def _cmd_train(args):
     for every sweep point of it). A tune experiment tunes first and trains the comparison at the chosen values.
     Finished runs are skipped; an interrupted run resumes from its last good checkpoint and continues with the
     same loss sequence."""
+    from .distributed import leave
     from .experiment import train_experiment
 
     main_rank = int(os.environ.get("RANK", "0")) == 0
@@ -36,6 +37,7 @@ def _cmd_train(args):
                 f"{rc.run_id}: in-domain loss {final['in_domain_loss']:.4f}; "
                 + ", ".join(f"{d} {v['loss']:.3f} ({v['bpb']:.3f} bpb)" for d, v in final["domains"].items())
             )
+    leave()  # every rank finished: close a torchrun job's process group before the interpreter exits
 
 
 REUSE_HELP = (

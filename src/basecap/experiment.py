@@ -166,7 +166,7 @@ def train_experiment(
     logs. Returns (run, final evaluation record) per compared run."""
     import torch
 
-    from .distributed import leave, rank0_first
+    from .distributed import rank0_first
     from .train import train
 
     exp, runs = resolve_experiment(path, overrides)
@@ -177,9 +177,7 @@ def train_experiment(
     corpus = rank0_first(lambda: prepare_corpus(runs, log=log), device_type, runs[0].train.dist_timeout_s)
 
     train_fn = _reuse_then(lambda rc, run_dir: train(rc, run_dir, corpus=corpus, log=log), reuse, log)
-    done = [(rc, train_fn(rc, exp.output_dir() / rc.run_id)) for rc in compared_runs(exp, runs, train_fn, only, log=log)]
-    leave()  # every rank finished: close the process group before the interpreter exits
-    return done
+    return [(rc, train_fn(rc, exp.output_dir() / rc.run_id)) for rc in compared_runs(exp, runs, train_fn, only, log=log)]
 
 
 def speed_spec(mixer) -> str:
