@@ -28,8 +28,8 @@ import string
 import struct
 import time
 import zlib
-from datetime import datetime
 from contextlib import contextmanager
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
