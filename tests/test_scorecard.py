@@ -200,7 +200,8 @@ def _hand_written(readme: Path) -> list[str]:
     """A README's paragraphs outside the generated block, leaving out those marked exploratory (a comparison
     outside every summary.json, whose command the paragraph gives)."""
     text = re.sub(re.escape(STUDY_MARKERS[0]) + ".*?" + re.escape(STUDY_MARKERS[1]), "", readme.read_text(), flags=re.S)
-    return [p for p in re.split(r"\n(?=- |\|)", text) if "<!-- exploratory -->" not in p]
+    # whitespace folded, so that a number and its interval broken across two lines are still read as one
+    return [re.sub(r"\s+", " ", p) for p in re.split(r"\n(?=- |\|)", text) if "<!-- exploratory -->" not in p]
 
 
 @pytest.mark.parametrize("readme", sorted(glob.glob(str(ROOT / "results/*/README.md"))), ids=lambda p: Path(p).parent.name)
