@@ -43,11 +43,17 @@ def test_train_writes_metrics_checkpoints_and_provenance(tiny_corpus, tiny_recip
 
 def test_finished_run_is_skipped(tiny_corpus, tiny_recipe_path, tmp_path):
     cfg = run_cfg(tiny_recipe_path, steps=4)
-    train(cfg, tmp_path / "r", corpus=tiny_corpus, log=lambda *_: None)
+    final = train(cfg, tmp_path / "r", corpus=tiny_corpus, log=lambda *_: None)
     before = (tmp_path / "r" / "metrics.jsonl").read_text()
+    # done.json does not repeat the final record (metrics.jsonl holds it): its fields but the per-domain results
+    done = json.loads((tmp_path / "r" / "done.json").read_text())
+    assert done == {"steps": 4, "final": {k: v for k, v in final.items() if k != "domains"}} and losses(tmp_path / "r")[1][-1] == final
     msgs = []
-    train(cfg, tmp_path / "r", corpus=tiny_corpus, log=msgs.append)
+    again = train(cfg, tmp_path / "r", corpus=tiny_corpus, log=msgs.append)
     assert "already finished" in msgs[0] and (tmp_path / "r" / "metrics.jsonl").read_text() == before
+    assert again == final  # the whole record, per-domain results included
+    (tmp_path / "r" / "done.json").write_text(json.dumps({"steps": 4, "final": final}, indent=1))  # the form before 2026-12-05
+    assert train(cfg, tmp_path / "r", corpus=tiny_corpus, log=msgs.append) == final
 
 
 def test_grad_accumulation_matches_full_batch(tiny_corpus, tiny_recipe_path, tmp_path):

@@ -4,6 +4,7 @@ Each is a handler ``_cmd_<name>`` and the function that adds its parser ``add_<n
 
 from __future__ import annotations
 
+import argparse
 import os
 from pathlib import Path
 
@@ -100,9 +101,11 @@ def add_plan(sub) -> None:
 
 
 def _cmd_report(args):
-    """Write report.md, a self-contained report.html and PNG plots: training curves, in-domain vs OOD loss
-    over training, final losses and bits per byte, and each run's OOD gap to a reference run at matched
-    in-domain loss."""
+    """Write report.md, report.html and PNG plots: training curves, in-domain vs OOD loss over training, final
+    losses and bits per byte, and each run's OOD gap to a reference run at matched in-domain loss. report.html embeds
+    its plots (one self-contained file) unless the report is published (--archive, or written again into the results
+    folder that holds its runs' records: ``report.core.is_published``), where it refers to the PNGs beside it;
+    --embed-images / --no-embed-images decide it explicitly."""
     from .report import report
 
     out = args.out or (Path(args.run_dirs[0]).parent / "report")
@@ -122,6 +125,7 @@ def _cmd_report(args):
         tuning_json=args.tuning,
         archive=args.archive,
         design=design,
+        embed_images=args.embed_images,
     )
     print(path.read_text().split("## Figures")[0].rstrip())
     print(f"report: {path.parent / 'report.html'} (and report.md)")
@@ -159,21 +163,37 @@ def add_report(sub) -> None:
         "`basecap report OUT/runs/* --out OUT --tuning OUT/tuning.json` writes the same report again from the "
         "results folder alone",
     )
+    r.add_argument(
+        "--embed-images",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="report.html holds its plots as data: URIs (one self-contained file), or with --no-embed-images refers to the "
+        "PNGs beside it; default: embedded, except in a published results folder (--archive, or OUT holding the runs' "
+        "records in OUT/runs/)",
+    )
 
 
 def _cmd_archive(args):
     """Keep finished runs' records (no checkpoints) under OUT/runs/, as ``report --archive`` does, without writing
     a report: a study still training keeps what is done, and a lost run folder continues from it with ``--reuse``.
-    A run that has not finished (no done.json) is refused, naming it, and nothing is copied."""
+    A run that has not finished (no done.json) is refused, naming it, and nothing is copied. With --compact, the
+    given folders are kept records already (results/<study>/runs/*, tuning_runs/*): they are rewritten in place in
+    the kept form (compressed metrics, short done.json, compact JSON; the same values), and nothing is copied."""
     from .report.core import archive_runs
     from .rundir import RunDir
 
+    if (args.out is None) == (not args.compact):
+        raise ConfigError("archive: give --out (copy the records there) or --compact (rewrite kept records in place), not both")
     missing = [d for d in args.run_dirs if not Path(d).is_dir()]
     if missing:
         raise ConfigError("not a run folder: " + ", ".join(missing))
     unfinished = [d for d in args.run_dirs if RunDir(d).read_done() is None]
     if unfinished:
         raise ConfigError("not finished (no done.json), nothing archived: " + ", ".join(unfinished))
+    if args.compact:
+        n = sum(len(RunDir(d).compact_records()) for d in args.run_dirs)
+        print(f"rewrote {n} records of {len(args.run_dirs)} runs in the kept form")
+        return
     dest = archive_runs(args.run_dirs, args.out)
     print(f"kept the records of {len(args.run_dirs)} runs in {dest}")
 
@@ -181,7 +201,13 @@ def _cmd_archive(args):
 def add_archive(sub) -> None:
     a = command(sub, "archive", _cmd_archive, "keep finished runs' records (no checkpoints) under OUT/runs/, without a report")
     a.add_argument("run_dirs", nargs="+", help="finished run folders")
-    a.add_argument("--out", required=True, help="the results folder; records go to OUT/runs/<run folder>/")
+    a.add_argument("--out", default=None, help="the results folder; records go to OUT/runs/<run folder>/")
+    a.add_argument(
+        "--compact",
+        action="store_true",
+        help="rewrite the given kept records in place in the kept form (compressed metrics, short done.json, compact JSON; "
+        "the same values) instead of copying them",
+    )
 
 
 def _cmd_scorecard(args):

@@ -6,7 +6,9 @@ A run directory (``<out_dir>/<run_id>/``) holds::
     metrics.jsonl          one JSON record per training step and per evaluation
     metrics.jsonl.zst      the same records zstd-compressed, as archived under results/ (read alike; a run that
                            trains again expands it to metrics.jsonl first)
-    done.json              written last, once training finished: {"steps", "final"}
+    done.json              written last, once training finished: {"steps", "final"}; "final" is the final evaluation
+                           record without its per-domain results ("domains"), which metrics.jsonl holds (runs
+                           finished before 2026-12-05 kept the whole record there; ``final_eval`` reads both)
     eval.json              test-split loss and bits per byte (basecap eval)
     eval_<suite>.json      a suite's result; a named suite entry writes suite_<name>/eval_<suite>.json
     checkpoints/step_N/    checkpoints (format: basecap.checkpoint)
@@ -15,6 +17,11 @@ A run directory (``<out_dir>/<run_id>/``) holds::
     wandb_run.json, wandb/ the W&B run id and its offline files, with train.loggers = [..., "wandb"]
 
 Every module that reads or writes one of these goes through ``RunDir``, so a file name is spelled once.
+
+Kept records (``copy_records``: ``basecap report --archive``, ``basecap archive``) are stored compactly: metrics.jsonl
+zstd-compressed, done.json short, and the JSON records (done.json, eval.json, suite results) without indentation
+(``compact_json``). They hold the same values: JSON writes every float in its shortest round-trip form, with or
+without indentation, so each reads back to the same float.
 """
 
 from __future__ import annotations
@@ -276,13 +283,16 @@ class RunDir:
         return self.metrics_archive_path
 
     def copy_records(self, dest: str | Path) -> list[Path]:
-        """Copy ``records()`` to the folder ``dest`` (``basecap report --archive``), metrics.jsonl
-        compressed as metrics.jsonl.zst (the other form of it removed there). Returns the files written."""
+        """Copy ``records()`` to the folder ``dest`` (``basecap report --archive``) in their kept form: metrics.jsonl
+        compressed as metrics.jsonl.zst (the other form of it removed there), the JSON records compact
+        (``archived_json``). Returns the files written."""
         dest, written = Path(dest), []
         for f in self.records():
             target = dest / f.relative_to(self.path)
             target.parent.mkdir(parents=True, exist_ok=True)
-            data = f.read_bytes()
+            data = self.archived_json(f)
+            if data is None:
+                data = f.read_bytes()
             if f == self.metrics_path:
                 target, data = dest / METRICS_ARCHIVE, compress_bytes(data)
             atomic_write(target, data)
@@ -293,12 +303,66 @@ class RunDir:
             (dest / METRICS_ARCHIVE).unlink(missing_ok=True)
         return written
 
+    def archived_json(self, f: Path) -> bytes | None:
+        """The kept form of the JSON record ``f`` of this run (done.json, eval.json, a suite result): compact JSON of the
+        same values, done.json short (``short_done``); None for any other file (run.json stays as written)."""
+        if f == self.done_path:
+            obj = self.short_done(json.loads(f.read_text()))
+        elif f == self.eval_path or f in self.suite_results():
+            obj = json.loads(f.read_text())
+        else:
+            return None
+        return compact_json(obj).encode()
+
+    def compact_records(self) -> list[Path]:
+        """Bring kept records to the form ``copy_records`` writes, in place (``basecap archive --compact``): metrics.jsonl
+        compressed, done.json short, the JSON records compact; the values the same. Returns the files rewritten. For
+        records that are kept, not for a live run."""
+        written: list[Path] = []
+        if self.metrics_path.is_file() and (archived := self.compress_metrics()) is not None:
+            written.append(archived)
+        for f in self.records():
+            data = self.archived_json(f)
+            if data is not None and data != f.read_bytes():
+                atomic_write(f, data)
+                written.append(f)
+        return written
+
     # ---- done.json, eval.json ---------------------------------------------------------------
     def read_done(self) -> dict | None:
         return json.loads(self.done_path.read_text()) if self.done_path.exists() else None
 
+    def _eval_record(self, step: int) -> dict | None:
+        """The last evaluation record (kind "eval") at ``step`` in metrics.jsonl, or None."""
+        return next((r for r in reversed(self.read_metrics()) if r.get("kind") == "eval" and r.get("step") == step), None)
+
+    def short_done(self, done: dict) -> dict:
+        """``done`` without the copy of the final evaluation's per-domain results that runs finished before 2026-12-05
+        kept in it: {"steps", "final": the record's other fields}. Kept whole when metrics.jsonl lacks that record
+        (nothing is dropped that is not held elsewhere)."""
+        final = done.get("final") or {}
+        if "domains" not in final or self._eval_record(done["steps"]) != final:
+            return done
+        return {**done, "final": {k: v for k, v in final.items() if k != "domains"}}
+
+    def final_eval(self) -> dict | None:
+        """A finished run's final evaluation record (kind "eval" at done.json's step count), whole: done.json's "final"
+        where it holds the per-domain results (runs finished before 2026-12-05), else the record in metrics.jsonl.
+        None when the run has not finished."""
+        done = self.read_done()
+        if done is None:
+            return None
+        if "domains" in (done.get("final") or {}):
+            return done["final"]
+        rec = self._eval_record(done["steps"])
+        if rec is None:
+            raise ValueError(f"{self.path}: its final evaluation (step {done['steps']}, done.json) is not in its metrics records")
+        return rec
+
     def write_done(self, steps: int, final: dict):
-        write_json(self.done_path, {"steps": steps, "final": final})
+        """done.json: the step count and ``final``, the final evaluation record (already in metrics.jsonl), without its
+        per-domain results."""
+        write_json(self.done_path, {"steps": steps, "final": {k: v for k, v in final.items() if k != "domains"}})
 
     def write_eval(self, result: dict):
         write_json(self.eval_path, result)
@@ -306,6 +370,12 @@ class RunDir:
 
 METRICS_ARCHIVE = "metrics.jsonl.zst"
 ZSTD_LEVEL = 19  # the records are written once and read many times; the level changes only the writer's time
+
+
+def compact_json(obj) -> str:
+    """A kept JSON record: no indentation, no spaces after separators. ``json`` writes a float as its shortest
+    round-trip form (``repr``) either way, so the record reads back to the same values as the indented one."""
+    return json.dumps(obj, separators=(",", ":"))
 
 
 def compress_bytes(data: bytes) -> bytes:
@@ -337,4 +407,4 @@ def _take_lock(path: Path) -> tuple[int | None, str | None]:
     return fd, None
 
 
-__all__ = ["RunDir", "RunDirBusy", "atomic_write", "environment_info", "fsync", "suite_file", "write_json"]
+__all__ = ["RunDir", "RunDirBusy", "atomic_write", "compact_json", "environment_info", "fsync", "suite_file", "write_json"]

@@ -155,7 +155,9 @@ def _train(cfg: RunConfig, rd: RunDir, env: DistEnv, device, amp_dtype, corpus, 
     finished = rd.read_done()
     if finished is not None and finished.get("steps") == cfg.train.steps:
         log(f"[{cfg.run_id}] already finished ({cfg.train.steps} steps); skipping")
-        return finished["final"]
+        final = rd.final_eval()  # the whole record: done.json keeps only its scalar fields (metrics.jsonl holds the rest)
+        assert final is not None  # done.json was read above
+        return final
 
     t0 = time.perf_counter()
     run = _setup(cfg, rd, env, device, amp_dtype, corpus, log)

@@ -27,19 +27,35 @@ __all__ = ["_curves", "_legend_label", "archive_runs", "archive_tuning_runs", "l
 
 
 def archive_runs(run_dirs: list[str | Path], out_dir: str | Path) -> Path:
-    """Copy the records of every run (``RunDir.records``: no checkpoints) to ``<out_dir>/runs/<run folder>/``,
-    so the report can be written again from the results folder alone:
-    ``basecap report <out_dir>/runs/* --out <out_dir>``. Returns the runs folder."""
+    """Copy the records of every run (``RunDir.records``: no checkpoints) to ``<out_dir>/runs/<run folder>/`` in their
+    kept form (``RunDir.copy_records``: compressed metrics, compact JSON), so the report can be written again from the
+    results folder alone: ``basecap report <out_dir>/runs/* --out <out_dir>``. A run already there (the report written
+    again from its own archive) is brought to the kept form in place (``RunDir.compact_records``). Returns the runs
+    folder."""
     dest = Path(out_dir) / "runs"
     for d in run_dirs:
         rd = RunDir(d)
         if rd.path.resolve().parent == dest.resolve():
-            continue  # the report is being written again from its own archive
-        rd.copy_records(dest / rd.name)  # metrics.jsonl compressed (metrics.jsonl.zst)
+            rd.compact_records()  # the report is being written again from its own archive
+            continue
+        rd.copy_records(dest / rd.name)
     parents = {Path(d).resolve().parent for d in run_dirs}
     if len(parents) == 1 and (exp := parents.pop() / EXPERIMENT_FILE).is_file() and exp.parent != dest.resolve():
         atomic_write(dest / EXPERIMENT_FILE, exp.read_text())  # the study's name and size (report.summary.study_of)
     return dest
+
+
+def is_published(out_dir: str | Path, run_dirs: list[str | Path]) -> bool:
+    """Whether a report written to ``out_dir`` from ``run_dirs`` belongs to a published results folder: every run is
+    an archived record in ``<F>/runs/`` (``basecap report --archive``, ``basecap archive``) and ``out_dir`` is ``F``
+    or a folder inside it other than ``runs/`` (``basecap report F/runs/* --out F`` writing a study again, or a
+    second report beside it). Such a report.html refers to its PNGs instead of embedding them."""
+    out = Path(out_dir).resolve()
+    for d in run_dirs:
+        archive = Path(d).resolve().parent
+        if archive.name != "runs" or not out.is_relative_to(archive.parent) or out.is_relative_to(archive):
+            return False
+    return bool(run_dirs)
 
 
 def report(
@@ -51,18 +67,22 @@ def report(
     tuning_json: str | Path | None = None,
     archive: bool = False,
     design: dict | None = None,
+    embed_images: bool | None = None,
 ) -> Path:
-    """Write report.md, report.html (self-contained, every text escaped: ``report.page``), summary.json and PNG
-    plots into ``out_dir``;
+    """Write report.md, report.html (every text escaped: ``report.page``), summary.json and PNG plots into ``out_dir``;
     returns the path of report.md. ``reference``: a run name, or several (each run is compared with the one of its own
     mixer, ``report.analysis``). ``tuning_json``: a tune experiment's choice, shown before the comparison.
     ``archive``: also keep every run's records under ``out_dir/runs/`` (``archive_runs``), and with
-    ``tuning_json`` the finished tuning runs' records under ``out_dir/tuning_runs/`` (``archive_tuning_runs``)."""
+    ``tuning_json`` the finished tuning runs' records under ``out_dir/tuning_runs/`` (``archive_tuning_runs``).
+    ``embed_images``: True, report.html holds its plots as data: URIs (one self-contained file); False, it refers to
+    the PNGs beside it. None (the default) embeds them unless the report is published (``is_published``)."""
     runs = [load_run(d) for d in run_dirs]
     if not runs:
         raise ValueError("report: no run directories given")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    if embed_images is None:
+        embed_images = not (archive or is_published(out, [r.dir for r in runs]))
     from .design import design_of
 
     summary = summarize(
@@ -83,7 +103,7 @@ def report(
 
         md, images = add_sweep_section(md, images, tuning_json, out, reference=summary["reference"])
     atomic_write(out / "report.md", md)
-    atomic_write(out / "report.html", render_html(md, images))
+    atomic_write(out / "report.html", render_html(md, images, link_from=None if embed_images else out))
     write_json(out / "summary.json", build_summary(summary, runs, *study_of([r.dir for r in runs])), allow_nan=False)
     if archive:
         archive_runs([r.dir for r in runs], out)
@@ -105,6 +125,8 @@ def archive_tuning_runs(tuning_json: Path, out_dir: str | Path) -> Path:
         for tried in entry["tried"]:
             for seed in tuning["seeds"]:
                 src = tuning_run_dir(tuning_json.parent, tried["name"], seed)
-                if src is not None and src.path.resolve().parent != dest.resolve():
+                if src is not None and src.path.resolve().parent == dest.resolve():
+                    src.compact_records()  # already kept here
+                elif src is not None:
                     src.copy_records(dest / src.name)
     return dest

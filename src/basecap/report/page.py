@@ -1,13 +1,19 @@
-"""report.html: the report's Markdown drawn as one self-contained page through a Jinja2 template with
-autoescaping. Every text (run, suite, task, mixer and domain names read back from run directories and
-JSON files, verdicts, numbers) reaches the page as text; the only markup is the template's own. Plots are
-embedded as data: URIs, so the page loads nothing from elsewhere and runs no script."""
+"""report.html: the report's Markdown drawn as one page through a Jinja2 template with autoescaping. Every text
+(run, suite, task, mixer and domain names read back from run directories and JSON files, verdicts, numbers)
+reaches the page as text; the only markup is the template's own, and the page runs no script.
+
+The plots are either embedded as data: URIs (one self-contained file: a report in a ``runs/`` folder) or
+referenced by their path relative to the page (``src="gap_vs_level.png"``: a published results folder, where
+the PNGs are committed beside report.html and embedding them would store every figure twice). Either way the
+page loads nothing from another site."""
 
 from __future__ import annotations
 
 import base64
+import os
 import re
 from pathlib import Path
+from urllib.parse import quote
 
 # the Markdown the report writes: **bold** and `code` inside a line
 _INLINE = re.compile(r"\*\*(.+?)\*\*|`([^`]+)`")
@@ -59,12 +65,21 @@ def blocks(md: str) -> list[dict]:
     return out
 
 
-def render_html(md: str, images: list[Path], title: str = "basecap report") -> str:
-    """The page: ``md`` drawn from its blocks, then every image as a data: URI."""
+def image_source(img: Path, link_from: Path | None = None) -> str:
+    """The ``src`` of one image: a data: URI holding the PNG, or with ``link_from`` (the page's folder) the image's
+    path relative to it, percent-encoded (a relative reference: no scheme, no host)."""
+    if link_from is None:
+        return "data:image/png;base64," + base64.b64encode(img.read_bytes()).decode("ascii")
+    return quote(Path(os.path.relpath(img, link_from)).as_posix())
+
+
+def render_html(md: str, images: list[Path], title: str = "basecap report", link_from: Path | None = None) -> str:
+    """The page: ``md`` drawn from its blocks, then every image, embedded as a data: URI, or, with ``link_from``
+    (the folder the page is written to), referenced by its path relative to that folder (``image_source``)."""
     from jinja2 import Environment, PackageLoader, StrictUndefined
 
     env = Environment(
         loader=PackageLoader("basecap.report", "templates"), autoescape=True, undefined=StrictUndefined, trim_blocks=True, lstrip_blocks=True
     )
-    pictures = [{"alt": img.stem, "src": "data:image/png;base64," + base64.b64encode(img.read_bytes()).decode("ascii")} for img in images]
+    pictures = [{"alt": img.stem, "src": image_source(img, link_from)} for img in images]
     return env.get_template("report.html.j2").render(title=title, blocks=blocks(md), images=pictures)
