@@ -4,6 +4,7 @@ import random
 import socket
 import sys
 import tempfile
+import warnings
 from pathlib import Path
 
 import pytest
@@ -136,3 +137,43 @@ def tiny_corpus(tiny_recipe_path):
     from basecap.data import build_corpus, load_recipe
 
     return build_corpus(load_recipe(str(tiny_recipe_path)), log=lambda *_: None)
+
+
+# ---- the fast tier: tests measured over 1 s are marked slow ---------------------------------------------
+# tests/slow_tests.txt lists them (node id, measured seconds); `./scripts/test.sh --fast` runs -m "not slow".
+_TESTS = Path(__file__).resolve().parent
+_SLOW_LIST = _TESTS / "slow_tests.txt"
+
+
+def slow_ids(path: Path = _SLOW_LIST) -> set[str]:
+    """The node ids of tests/slow_tests.txt (one a line, then its measured seconds; # starts a comment)."""
+    ids = set()
+    for line in path.read_text(encoding="utf-8").splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line:
+            ids.add(line.split()[0])
+    return ids
+
+
+def _whole_suite(config) -> bool:
+    """Whether this session collects every test file (pytest tests, or no path: testpaths), so that an id of the
+    list that no test has is a stale line, not a test this session did not ask for."""
+    where = config.invocation_params.dir
+    paths = [a for a in config.args if not a.startswith("-")]
+    return bool(paths) and all("::" not in a and (where / a).resolve() == _TESTS for a in paths)
+
+
+def stale_slow_ids(listed: set[str], collected: list[str]) -> list[str]:
+    """Listed ids no collected test has."""
+    return sorted(listed - set(collected))
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects: the marks must be there when it reads them
+def pytest_collection_modifyitems(config, items):
+    listed = slow_ids()
+    for item in items:
+        if item.nodeid in listed:
+            item.add_marker(pytest.mark.slow)
+    stale = stale_slow_ids(listed, [item.nodeid for item in items]) if _whole_suite(config) else []
+    if stale:  # a renamed slow test runs in the fast tier until its line follows it: worth a warning, not a failure
+        warnings.warn(pytest.PytestWarning("tests/slow_tests.txt names tests that no longer exist (renamed or removed?): " + ", ".join(stale)), stacklevel=2)
