@@ -1,4 +1,5 @@
 import json
+import os
 import re
 from pathlib import Path
 
@@ -200,3 +201,138 @@ def test_set_wins_in_the_paper_experiment():
     exp = load_experiment(Path(__file__).parents[1] / "experiments/paper/architectures.toml", ["train.steps=50"])
     assert exp.size is not None and exp.sizes[exp.size]["train"]["steps"] != 50
     assert {rc.train.steps for rc in exp.resolve()} == {50}
+
+
+# ---- planning for this CPU ------------------------------------------------------------------------------------
+CPU_PEAK = 100e9  # the peak stored for this CPU in the test's data home
+PUB_PEAK = 50e9  # the peak the published run measured its MFU against
+PUB_RATE = 5000.0  # the published run's median step rate
+
+
+def _store_peak(home: Path, flops: float = CPU_PEAK, threads: int = 1):
+    """A stored peak for this CPU, so the plan measures nothing."""
+    from basecap.peak import _key, cpu_model
+
+    key = _key(torch.device("cpu"), torch.float32, threads, cpu_model())
+    entry = {"flops": flops, "median": flops, "wall_flops": flops, "products": 10, "stable": True, "size": 2048, "measured_at": "2026-12-05T00:00:00+00:00"}
+    home.mkdir(parents=True, exist_ok=True)
+    (home / "peak.json").write_text(json.dumps({key: entry}))
+
+
+def _publish(results: Path, rc, vocab: int, tokens_per_s: float = PUB_RATE, peak: float = PUB_PEAK):
+    """A published run of ``rc`` (its run.json as the trainer writes the fields the plan reads)."""
+    model = LM(rc.model.model_copy(update={"vocab_size": vocab}))
+    run = results / "study" / "runs" / rc.run_id
+    run.mkdir(parents=True)
+    info = {
+        "run_id": rc.run_id,
+        "config": json.loads(rc.model_dump_json()),
+        "vocab_size": vocab,
+        "flops_per_token": model.flops_per_token(rc.data.seq_len),
+        "device": {"type": "cpu", "threads": 1, "cpu": "x86_64"},
+        "peak_flops": {"per_device": peak, "source": "stored", "stored": "Some CPU (cpu, 1 thread(s)), float32"},
+        "speed": {"steps": 99, "tokens_per_s": tokens_per_s},
+    }
+    (run / "run.json").write_text(json.dumps(info))
+    return model
+
+
+def test_cpu_plan_takes_published_rates_and_counts_evaluations(tmp_path, tiny_recipe_path):
+    from basecap.config import load_experiment
+
+    path = _write(tmp_path, TINY.format(recipe=tiny_recipe_path))
+    home, results = tmp_path / "home", tmp_path / "results"
+    _store_peak(home)
+    tpp = next(rc for rc in load_experiment(path, ["train.threads=1"]).resolve() if rc.name == "tpp")
+    tpp_model = _publish(results, tpp, 384)
+    rows = {r["run"]: r for r in plan_experiment(path, ["train.threads=1"], results=[results], home=home)}
+    r = rows["tpp"]
+    assert r["device"] == "cpu" and r["threads"] == 1 and r["peak_flops"] == CPU_PEAK and r["rate_kind"] == "published"
+    # the same model and shape: the published rate scaled by the two peaks
+    assert r["tokens_per_s"] == pytest.approx(PUB_RATE * CPU_PEAK / PUB_PEAK)
+    # evaluations: at steps 50 and 100 (eval.every 50), then the final test evaluation; the corpus is not built in this
+    # home, so each covers both domains of the recipe at eval.max_tokens (65536 // 64 windows of 64 tokens)
+    per_eval = 2 * (65536 // 64) * 64
+    assert (r["evaluations"], r["eval_tokens"]) == (3, 3 * per_eval)
+    seconds = 16 * 64 * 100 / r["tokens_per_s"] + 3 * per_eval / (3 * r["tokens_per_s"])  # a forward pass is 1/3 of a step
+    assert r["est_hours"] * 3600 == pytest.approx(seconds) and r["train_seconds"] > 0 and r["eval_seconds"] > 0
+    # no published run of DeltaNet: the published runs' MFU, named as such
+    dn = rows["dn"]
+    mfu = PUB_RATE * 3 * tpp_model.flops_per_token(64) / PUB_PEAK
+    assert dn["rate_kind"] == "published-any" and dn["tokens_per_s"] == pytest.approx(mfu * CPU_PEAK / dn["train_flops_per_token"])
+    assert "every published CPU run" in dn["rate_source"] and "this model and shape" in r["rate_source"]
+    text = format_plan(list(rows.values()))
+    assert "plan: this CPU" in text and "total:" in text and "on this CPU for 4 trainings" in text
+    assert "published: MFU" in text and f"{CPU_PEAK / 1e9:.1f} GFLOP/s" in text
+    assert json.loads(format_plan(list(rows.values()), as_json=True))[0]["rate_source"] == r["rate_source"]
+    # --cpu-peak plans for another CPU: the rate follows the peak
+    other = {x["run"]: x for x in plan_experiment(path, ["train.threads=1"], results=[results], home=home, cpu_peak=2 * CPU_PEAK)}
+    assert other["tpp"]["tokens_per_s"] == pytest.approx(2 * r["tokens_per_s"]) and other["tpp"]["peak_source"].startswith("given")
+    # --mfu on a CPU: that MFU x the stored peak
+    given = plan_experiment(path, ["train.threads=1"], results=[results], home=home, mfu=0.25)[0]
+    assert given["rate_kind"] == "given" and given["tokens_per_s"] == pytest.approx(0.25 * CPU_PEAK / given["train_flops_per_token"])
+
+
+def test_cpu_plan_measures_when_nothing_is_published_and_stores_it(tmp_path, tiny_recipe_path, monkeypatch):
+    import basecap.plan_cpu as pc
+
+    path = _write(tmp_path, TINY.format(recipe=tiny_recipe_path))
+    home = tmp_path / "home"
+    _store_peak(home)
+    monkeypatch.setattr(pc, "CALIBRATION_STEPS", 2)
+    measured = []
+    real = pc.measure_rate
+    monkeypatch.setattr(pc, "measure_rate", lambda *a, **k: measured.append(a[0].name) or real(*a, warmup=1, steps=2))
+    rows = plan_experiment(path, ["train.threads=1"], results=[], home=home)
+    assert measured == ["tpp", "dn"] and all(r["rate_kind"] == "measured" and r["tokens_per_s"] > 0 and r["est_hours"] > 0 for r in rows)
+    assert all("measured: this run's model and batch on this CPU" in r["rate_source"] for r in rows)
+    stored = json.loads((home / "plan_rates.json").read_text())
+    assert len(stored) == 2 and all(e["threads"] == 1 and e["tokens_per_s"] > 0 for e in stored.values())
+    again = plan_experiment(path, ["train.threads=1"], results=[], home=home)  # stored: nothing measured again
+    assert measured == ["tpp", "dn"] and [r["tokens_per_s"] for r in again] == [r["tokens_per_s"] for r in rows]
+
+
+def test_cpu_plan_counts_the_built_corpus_windows(tmp_path, tiny_recipe_path, tiny_corpus):
+    from basecap.data.loader import eval_windows
+
+    from basecap.config import load_experiment
+    from basecap.plan_cpu import evaluation_tokens
+
+    path = _write(tmp_path, TINY.format(recipe=tiny_recipe_path))
+    home = Path(os.environ["BASECAP_HOME"])  # where tiny_corpus is built
+    rc = load_experiment(path).resolve()[0]
+    ev = evaluation_tokens(rc, home)
+    val = sum(len(eval_windows(tiny_corpus, d, "validation", 64, 65536)) * 64 for d in tiny_corpus.domains)
+    test = sum(len(eval_windows(tiny_corpus, d, "test", 64, 65536)) * 64 for d in tiny_corpus.domains)
+    # the tiny corpus's splits are shorter than eval.max_tokens: the windows they hold, not the cap
+    assert (ev["eval_tokens_each"], ev["final_eval_tokens"], ev["eval_tokens"]) == (val, test, 2 * val + test) and val < 2 * 65536
+    assert ev["eval_source"].startswith("corpus tiny")
+
+
+def test_gpus_or_a_gpu_type_keep_the_gpu_plan(tmp_path, tiny_recipe_path, monkeypatch, capsys):
+    from basecap.cli import main
+
+    path = _write(tmp_path, TINY.format(recipe=tiny_recipe_path))
+    assert plan_experiment(path, gpus=2)[0]["device"] == "gpu" and plan_experiment(path, gpus=2)[0]["gpu"] == "H100-80GB"
+    only_type = plan_experiment(path, gpu="A100")[0]
+    assert (only_type["gpus"], only_type["gpu"], only_type["mfu"]) == (8, "A100-80GB", 0.4)
+    home = tmp_path / "home"
+    _store_peak(home)
+    monkeypatch.setenv("BASECAP_HOME", str(home))
+    assert main(["plan", str(path), "--set", "train.threads=1", "--results", str(tmp_path / "none"), "--mfu", "0.3"]) == 0
+    out = capsys.readouterr().out
+    assert "plan: this CPU" in out and "given: MFU 0.300" in out and "GPU" not in out
+    assert main(["plan", str(path), "--gpus", "2"]) == 0
+    assert "plan: 2 x H100-80GB" in capsys.readouterr().out
+
+
+def test_a_cuda_machine_plans_for_its_own_gpus(tmp_path, tiny_recipe_path, monkeypatch):
+    path = _write(tmp_path, TINY.format(recipe=tiny_recipe_path))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *_: "NVIDIA H100 80GB HBM3")
+    r = plan_experiment(path)[0]
+    assert (r["device"], r["gpus"], r["gpu"]) == ("gpu", 4, "H100-80GB")
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *_: "NVIDIA Quadro 9000")
+    with pytest.raises(ConfigError, match="--gpu-type"):
+        plan_experiment(path)

@@ -80,23 +80,60 @@ def add_run(sub) -> None:
 
 
 def _cmd_plan(args):
-    """Build every run's model on the meta device and estimate parameters, FLOPs per token, memory per GPU
-    and wall time for a number of GPUs (formulas in docs/scaling.md)."""
+    """Build every run's model on the meta device and estimate parameters, FLOPs per token and wall time. Without
+    --gpus or --gpu-type (and without CUDA) for this CPU: each run's training and evaluation tokens over a training
+    rate measured here (--calibrate, stored in the data home) or published (results/*/runs/*/run.json), scaled to
+    this CPU's stored peak; with them, memory per GPU and time for that many GPUs at an assumed MFU (docs/scaling.md)."""
+    import sys
+
     from .plan import format_plan, plan_experiment
 
-    rows = plan_experiment(args.experiment, args.set, gpus=args.gpus, gpu=args.gpu_type, mfu=args.mfu, parallel=args.parallel)
+    rows = plan_experiment(
+        args.experiment,
+        args.set,
+        gpus=args.gpus,
+        gpu=args.gpu_type,
+        mfu=args.mfu,
+        parallel=args.parallel,
+        cpu_peak=None if args.cpu_peak is None else args.cpu_peak * 1e9,
+        calibrate=args.calibrate,
+        results=args.results or None,
+        log=lambda m: print(m, file=sys.stderr),
+    )
     print(format_plan(rows, as_json=args.json))
 
 
 def add_plan(sub) -> None:
-    pl = command(sub, "plan", _cmd_plan, "parameters, FLOPs, memory per GPU and wall time of every run, before launching")
+    pl = command(sub, "plan", _cmd_plan, "parameters, FLOPs, wall time (and memory per GPU) of every run, before launching")
     experiment_args(pl)
-    pl.add_argument("--gpus", type=int, default=8)
+    pl.add_argument("--gpus", type=int, default=None, help="plan for this many GPUs (default: this machine: its CUDA devices, else its CPU)")
     pl.add_argument(
-        "--gpu-type", default="H100-80GB", help="a GPU of basecap.plan.GPUS, e.g. H100-80GB, or its short name, e.g. H100 (an unknown one lists them)"
+        "--gpu-type",
+        default=None,
+        help="plan for GPUs of basecap.plan.GPUS, e.g. H100-80GB, or its short name, e.g. H100 (an unknown one lists them); "
+        "default with --gpus: H100-80GB",
     )
-    pl.add_argument("--mfu", type=float, default=0.4, help="assumed model FLOPs utilisation")
+    pl.add_argument(
+        "--mfu",
+        type=float,
+        default=None,
+        help="assumed model FLOPs utilisation (GPUs: default 0.4; CPU: in place of the measured or published rate)",
+    )
     pl.add_argument("--parallel", choices=["ddp", "fsdp"], default=None, help="default: each run's train.parallel")
+    pl.add_argument("--cpu-peak", type=float, default=None, metavar="GFLOPS", help="CPU: plan for this peak FLOP/s (default: this CPU's stored peak)")
+    pl.add_argument(
+        "--calibrate",
+        action="store_true",
+        help="CPU: measure every run's training rate here (a few optimizer steps of its model and batch) and store it in the data home",
+    )
+    pl.add_argument(
+        "--results",
+        action="append",
+        default=[],
+        type=Path,
+        metavar="DIR",
+        help="CPU: a folder of published studies (DIR/*/runs/*/run.json) for the rates (repeatable; default: results/ above the experiment)",
+    )
     pl.add_argument("--json", action="store_true")
 
 
@@ -220,6 +257,17 @@ def _cmd_scorecard(args):
 
     root = Path(args.root)
     card = build_scorecard(root, args.claims)
+    if args.simulate:
+        import json
+
+        from .rundir import atomic_write
+        from .scorecard.simulate import simulate
+
+        sim = simulate(card, args.simulate)
+        atomic_write(root / "results" / "error_control.json", json.dumps(sim, indent=1) + "\n")
+        for c in sim["configurations"] + sim["old_rule"]:
+            print(f"{c['configuration']:45s} any false verdict {c['any_false']:.4f} (se {c['se']:.4f})")
+        card = build_scorecard(root, args.claims)
     files = generated_files(card, root)
     if not (args.write_readme or args.check):
         files = {p: t for p, t in files.items() if p.parent == root / "results"}
@@ -245,3 +293,10 @@ def add_scorecard(sub) -> None:
         "--write-readme", action="store_true", help="also regenerate README.md's Results section and each results/<study>/README.md's generated block"
     )
     s.add_argument("--check", action="store_true", help="write nothing; fail when a generated file is out of date")
+    s.add_argument(
+        "--simulate",
+        type=int,
+        default=0,
+        metavar="N",
+        help="first simulate the family's chance of any false verdict under null configurations, N families each (results/error_control.json)",
+    )

@@ -1,6 +1,7 @@
-"""``basecap plan EXPERIMENT``: size every run of an experiment before renting GPUs.
+"""``basecap plan EXPERIMENT``: size every run of an experiment before launching it, on this CPU or on GPUs.
 
-Each run's model is built on the meta device (no memory, no compute) and read for parameter counts
+On a machine without CUDA and without ``--gpus``/``--gpu-type``, the plan is for this CPU: each run's training
+and evaluation tokens over a measured or published training rate (``plan_cpu``; docs/scaling.md). For GPUs, each run's model is built on the meta device (no memory, no compute) and read for parameter counts
 and FLOPs per token; memory per GPU and wall time follow from the formulas in docs/scaling.md:
 model states (fp32 weights, gradients and AdamW moments: 16 bytes/param, sharded over the GPUs with
 FSDP), communication buffers, activations of one micro-batch under bf16 autocast, and a fixed reserve;
@@ -12,7 +13,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import torch
 from torch import nn
@@ -20,6 +21,8 @@ from torch import nn
 from .config import RunConfig, load_experiment
 from .cooldown import total_branch_steps
 from .config_base import ConfigError
+from .peak import cpu_model
+from .plan_cpu import CpuRates, default_results_dirs, evaluation_tokens, run_threads
 
 if TYPE_CHECKING:
     from .mixers.base import Mixer
@@ -114,25 +117,54 @@ def memory_per_gpu(model, seq_len: int, micro_batch: int, gpus: int, parallel: s
     return out
 
 
-def plan_run(rc: RunConfig, gpus: int = 8, gpu: str = "H100-80GB", mfu: float = 0.4, parallel: str | None = None, seeds: int = 1) -> dict:
+def _sizes(rc: RunConfig) -> tuple[nn.Module, dict]:
+    """The run's model on the meta device and what every plan reads of it: parameters, FLOPs and tokens."""
     from .model import LM
 
-    if gpus < 1:
-        raise ConfigError(f"--gpus: must be >= 1, got {gpus}")
-    if not 0 < mfu <= 1:
-        raise ConfigError(f"--mfu: must be in (0, 1], got {mfu}")
-    gpu_name, spec = gpu_spec(gpu)
-    parallel = parallel or rc.train.parallel
     vocab, vocab_source = run_vocab(rc)
     with torch.device("meta"):
         model = LM(rc.model.model_copy(update={"vocab_size": vocab}))
     T, tr = rc.data.seq_len, rc.train
     counts = model.param_counts()
     fwd = model.flops_per_token(T)
-    train_fpt = 3.0 * fwd
     tokens_per_step = tr.batch_size * T
     branch_steps = total_branch_steps(tr)  # cooldown branches train on top of the run's own steps
     total_tokens = tokens_per_step * (tr.steps + branch_steps)
+    return model, {
+        "run": rc.name,
+        "mixer": rc.model.mixer.name,
+        "mlp": rc.model.mlp.name,
+        "n_layers": rc.model.n_layers,
+        "d_model": rc.model.d_model,
+        "vocab_size": vocab,
+        "vocab_source": vocab_source,
+        "seq_len": T,
+        "params_total": counts["total"],
+        "params_non_embedding": counts["non_embedding"],
+        "fwd_flops_per_token": fwd,
+        "train_flops_per_token": 3.0 * fwd,
+        "six_n": 6.0 * counts["non_embedding"],
+        "batch_size": tr.batch_size,
+        "grad_accum": tr.grad_accum,
+        "tokens_per_step": tokens_per_step,
+        "steps": tr.steps,
+        "branch_steps": branch_steps,
+        "level_forks": len(tr.cooldown_levels),  # placed while the run trains: counted at their longest
+        "total_tokens": total_tokens,
+        "total_train_flops": 3.0 * fwd * total_tokens,
+    }
+
+
+def plan_run(rc: RunConfig, gpus: int = 8, gpu: str = "H100-80GB", mfu: float = 0.4, parallel: str | None = None, seeds: int = 1) -> dict:
+    """One run on ``gpus`` GPUs of type ``gpu`` at an assumed ``mfu``: memory per GPU and wall time of its training."""
+    if gpus < 1:
+        raise ConfigError(f"--gpus: must be >= 1, got {gpus}")
+    if not 0 < mfu <= 1:
+        raise ConfigError(f"--mfu: must be in (0, 1], got {mfu}")
+    gpu_name, spec = gpu_spec(gpu)
+    parallel = parallel or rc.train.parallel
+    model, row = _sizes(rc)
+    T, tr = rc.data.seq_len, rc.train
     issues = []
     per_rank = tr.batch_size / (gpus * tr.grad_accum)
     if tr.batch_size % (gpus * tr.grad_accum):
@@ -150,31 +182,12 @@ def plan_run(rc: RunConfig, gpus: int = 8, gpu: str = "H100-80GB", mfu: float = 
     elif mem["total"] > 0.9 * spec["mem_gib"]:
         issues.append(f"tight: ~{mem['total']:.1f} of {spec['mem_gib']:.0f} GiB per GPU")
     flops_per_s = gpus * spec["tflops"] * 1e12 * mfu
-    seconds = train_fpt * total_tokens / flops_per_s
+    seconds = row["total_train_flops"] / flops_per_s
     return {
-        "run": rc.name,
+        **row,
         "seeds": seeds,
-        "mixer": rc.model.mixer.name,
-        "mlp": rc.model.mlp.name,
-        "n_layers": rc.model.n_layers,
-        "d_model": rc.model.d_model,
-        "vocab_size": vocab,
-        "vocab_source": vocab_source,
-        "seq_len": T,
-        "params_total": counts["total"],
-        "params_non_embedding": counts["non_embedding"],
-        "fwd_flops_per_token": fwd,
-        "train_flops_per_token": train_fpt,
-        "six_n": 6.0 * counts["non_embedding"],
-        "batch_size": tr.batch_size,
-        "grad_accum": tr.grad_accum,
+        "device": "gpu",
         "micro_batch_per_gpu": per_rank,
-        "tokens_per_step": tokens_per_step,
-        "steps": tr.steps,
-        "branch_steps": branch_steps,
-        "level_forks": len(tr.cooldown_levels),  # placed while the run trains: counted at their longest
-        "total_tokens": total_tokens,
-        "total_train_flops": train_fpt * total_tokens,
         "gpus": gpus,
         "gpu": gpu_name,
         "parallel": parallel,
@@ -183,8 +196,42 @@ def plan_run(rc: RunConfig, gpus: int = 8, gpu: str = "H100-80GB", mfu: float = 
         "memory_gib": mem,
         "gpu_mem_gib": spec["mem_gib"],
         "fits": fits,
-        "tokens_per_s": flops_per_s / train_fpt,
+        "tokens_per_s": flops_per_s / row["train_flops_per_token"],
         "est_hours": seconds / 3600,
+        "issues": issues,
+    }
+
+
+def plan_run_cpu(rc: RunConfig, rates: CpuRates, seeds: int = 1) -> dict:
+    """One run on this CPU: its training tokens at its measured or published training rate, plus its evaluations
+    (forward only: the rate x training / forward FLOPs per token), at its thread count (``plan_cpu``)."""
+    _, row = _sizes(rc)
+    threads = run_threads(rc)
+    peak = rates.peak(threads)
+    rate = rates.rate(rc, row["vocab_size"], row["train_flops_per_token"], threads)
+    ev = evaluation_tokens(rc, rates.home)
+    train_s = row["total_tokens"] / rate["tokens_per_s"]
+    eval_rate = rate["tokens_per_s"] * row["train_flops_per_token"] / row["fwd_flops_per_token"]
+    eval_s = ev["eval_tokens"] / eval_rate
+    issues = []
+    if rc.train.compile:
+        issues.append("train.compile: the compiler's warm-up (a minute to several, once per process) is not counted")
+    return {
+        **row,
+        "seeds": seeds,
+        "device": "cpu",
+        "cpu": cpu_model(),
+        "threads": threads,
+        "peak_flops": peak["flops"],
+        "peak_source": peak["source"],
+        "tokens_per_s": rate["tokens_per_s"],
+        "rate_kind": rate["kind"],
+        "rate_source": rate["source"],
+        **ev,
+        "eval_tokens_per_s": eval_rate,
+        "train_seconds": train_s,
+        "eval_seconds": eval_s,
+        "est_hours": (train_s + eval_s) / 3600,
         "issues": issues,
     }
 
@@ -200,12 +247,54 @@ def _suggest(model, rc: RunConfig, gpus: int, parallel: str, capacity: float) ->
     return "even a micro-batch of 1 does not fit: use more or larger GPUs, FSDP, or activation checkpointing"
 
 
+def local_gpus() -> tuple[int, str] | None:
+    """This machine's CUDA devices as (count, a type of GPUS), None without CUDA; ConfigError for a type not in GPUS."""
+    if not torch.cuda.is_available():
+        return None
+    name = torch.cuda.get_device_name(0)
+    for key in ("H200", "H100", "L40S", "A100"):
+        if key in name.upper():
+            if key == "A100":
+                return torch.cuda.device_count(), "A100-80GB" if torch.cuda.get_device_properties(0).total_memory > 50 * GiB else "A100-40GB"
+            return torch.cuda.device_count(), GPU_ALIASES[key]
+    raise ConfigError(f"this machine's GPU {name!r} is not in basecap.plan.GPUS ({', '.join(GPUS)}); pass --gpus and --gpu-type")
+
+
 def plan_experiment(
-    path: str | Path, overrides: list[str] | None = None, gpus: int = 8, gpu: str = "H100-80GB", mfu: float = 0.4, parallel: str | None = None
+    path: str | Path,
+    overrides: list[str] | None = None,
+    gpus: int | None = None,
+    gpu: str | None = None,
+    mfu: float | None = None,
+    parallel: str | None = None,
+    *,
+    cpu_peak: float | None = None,
+    calibrate: bool = False,
+    results: list[str | Path] | None = None,
+    home=None,
+    log: Callable[[str], None] | None = None,
 ) -> list[dict]:
     """One row per run of the experiment (seeds share a row; ``seeds`` counts them). A tune experiment has
     two phases, each row tagged with its ``phase``: the tuning runs (every value on the tuning seeds), then
-    the comparison runs, sized at the first value of the tuning grid until the tuning has chosen."""
+    the comparison runs, sized at the first value of the tuning grid until the tuning has chosen.
+
+    With ``gpus`` or ``gpu`` (or on a machine with CUDA: its devices) the runs are planned on GPUs at an assumed
+    ``mfu`` (default 0.4). Otherwise on this CPU (``plan_cpu``): ``cpu_peak`` (FLOP/s) in place of the stored peak,
+    ``mfu`` in place of a measured or published rate, ``calibrate`` to measure every run's rate here, ``results``
+    the folders of published studies (default: ``results/`` beside the experiment's folders)."""
+    if gpus is None and gpu is None:
+        here = local_gpus()
+        if here is not None:
+            gpus, gpu = here
+    on_gpu = gpus is not None or gpu is not None
+    rates = None
+    if not on_gpu:
+        if mfu is not None and not 0 < mfu <= 1:
+            raise ConfigError(f"--mfu: must be in (0, 1], got {mfu}")
+        if cpu_peak is not None and cpu_peak <= 0:
+            raise ConfigError(f"--cpu-peak: must be > 0, got {cpu_peak}")
+        dirs = [Path(r) for r in results] if results is not None else default_results_dirs(path)
+        rates = CpuRates(dirs, peak_flops=cpu_peak, mfu=mfu, calibrate=calibrate, home=home, log=log)
     exp = load_experiment(path, overrides)
     phases: list[tuple[str | None, list[RunConfig]]]
     if exp.tune is None:
@@ -220,7 +309,12 @@ def plan_experiment(
             if rc.name in rows:
                 rows[rc.name]["seeds"] += 1
                 continue
-            rows[rc.name] = plan_run(rc, gpus=gpus, gpu=gpu, mfu=mfu, parallel=parallel)
+            if rates is not None:
+                rows[rc.name] = plan_run_cpu(rc, rates)
+            else:
+                rows[rc.name] = plan_run(
+                    rc, gpus=8 if gpus is None else gpus, gpu=gpu or "H100-80GB", mfu=0.4 if mfu is None else mfu, parallel=parallel
+                )
             if phase is not None:
                 rows[rc.name]["phase"] = phase
         out += rows.values()
@@ -236,7 +330,7 @@ def _note_tuned_costs(exp, rows: list[dict]):
         if r["phase"] != "comparison":
             continue
         tried = [by_name[name] for _, name in exp.tuning_grid()[r["run"]]]
-        if len({(t["total_train_flops"], round(t["memory_gib"]["total"], 3)) for t in tried}) > 1:
+        if len({(t["total_train_flops"], round(t["memory_gib"]["total"], 3) if "memory_gib" in t else t["tokens_per_s"]) for t in tried}) > 1:
             r["issues"].append("sized at the first tuned value; the chosen one may differ in time and memory (see its tuning rows)")
 
 
@@ -295,6 +389,8 @@ def format_plan(rows: list[dict], as_json: bool = False) -> str:
         return json.dumps(rows, indent=1)
     if not rows:
         return "no runs"
+    if rows[0].get("device") == "cpu":
+        return format_cpu_plan(rows)
     r0 = rows[0]
     cells = [_cells(r) for r in rows]
     widths = [max(len(col), *(len(c[i]) for c in cells)) for i, col in enumerate(COLUMNS)]
@@ -336,5 +432,91 @@ def format_plan(rows: list[dict], as_json: bool = False) -> str:
     lines += [
         "",
         (f"total: {_duration(total_h)} on {r0['gpus']} GPUs ({total_h * r0['gpus']:.3g} GPU-hours), all runs and seeds, evaluation not included"),
+    ]
+    return "\n".join(lines)
+
+
+CPU_COLUMNS = ("run", "mixer", "params", "train/tok", "steps", "tokens", "eval tok", "tok/s", "rate", "train", "eval", "time")
+
+
+def _minutes(seconds: float) -> str:
+    return f"{seconds / 60:.1f} min" if seconds < 5940 else _duration(seconds / 3600)
+
+
+def _cpu_cells(r: dict) -> list[str]:
+    seeds = f" x{r['seeds']}" if r["seeds"] > 1 else ""
+    steps = f"{r['steps']}+{r['branch_steps']}" if r["branch_steps"] else f"{r['steps']}"
+    return [
+        r["run"] + seeds,
+        r["mixer"],
+        _n(r["params_total"]),
+        _n(r["train_flops_per_token"]),
+        steps,
+        _n(r["total_tokens"]),
+        _n(r["eval_tokens"]),
+        f"{r['tokens_per_s']:,.0f}",
+        r["rate_kind"],
+        _minutes(r["train_seconds"]),
+        _minutes(r["eval_seconds"]),
+        _minutes(r["est_hours"] * 3600),
+    ]
+
+
+def format_cpu_plan(rows: list[dict]) -> str:
+    """The CPU plan: one line per run (per seed), where each rate comes from, the total."""
+    r0 = rows[0]
+    cells = [_cpu_cells(r) for r in rows]
+    widths = [max(len(col), *(len(c[i]) for c in cells)) for i, col in enumerate(CPU_COLUMNS)]
+    left = {"run", "mixer", "rate"}
+
+    def line(cs: list[str]) -> str:
+        return "  ".join(c.ljust(w) if name in left else c.rjust(w) for c, w, name in zip(cs, widths, CPU_COLUMNS)).rstrip()
+
+    threads = sorted({r["threads"] for r in rows})
+    lines = [
+        f"plan: this CPU ({r0['cpu']}), {'/'.join(map(str, threads))} thread(s) a run; time per run (each seed), training + evaluation",
+        "",
+        line(list(CPU_COLUMNS)),
+    ]
+    total_s, phase = 0.0, None
+    for r, row in zip(rows, cells):
+        if r.get("phase") != phase:
+            phase = r["phase"]
+            lines.append(_phase_line(phase, [x for x in rows if x.get("phase") == phase]))
+        total_s += r["est_hours"] * 3600 * r["seeds"]
+        lines.append(line(row))
+    w = widths[0] + 2
+    lines += ["", "peak FLOP/s (basecap peak):"]
+    for t in threads:
+        r = next(x for x in rows if x["threads"] == t)
+        lines.append(f"  {t} thread(s): {r['peak_flops'] / 1e9:.1f} GFLOP/s, {r['peak_source']}")
+    lines += ["", "training rates (tok/s; evaluation runs forward only, at the rate x training / forward FLOPs per token = 3x):"]
+    by_source: dict[str, list[str]] = {}
+    for r in rows:
+        by_source.setdefault(r["rate_source"], []).append(r["run"])
+    for source, names in by_source.items():
+        lines.append(f"  {', '.join(names)}: {source}")
+    lines += ["", "evaluations (every eval.every steps, one per cooldown branch and level, then basecap run's final test evaluation):"]
+    lines += [
+        f"  {r['run']:<{w}}{r['evaluations'] - 1} x {_n(r['eval_tokens_each'])} + {_n(r['final_eval_tokens'])} tokens "
+        f"over {r['eval_domains']} domain(s), from the {r['eval_source']}"
+        for r in rows
+    ]
+    branched = [r for r in rows if r.get("branch_steps")]
+    if branched:
+        lines += ["", "cooldown branches (annealed points; counted in tokens and time):"]
+        lines += [
+            f"  {r['run']:<{w}}{'up to ' if r.get('level_forks') else ''}{r['branch_steps']} steps on top of {r['steps']} "
+            f"(+{100 * r['branch_steps'] / r['steps']:.0f}%)"
+            + (f"; forks placed by level: {r['level_forks']}, each counted at the longest a fork can take" if r.get("level_forks") else "")
+            for r in branched
+        ]
+    problems = [(r["run"], i) for r in rows for i in r["issues"]]
+    if problems:
+        lines += ["", "issues:"] + [f"  {run}: {msg}" for run, msg in problems]
+    runs = sum(r["seeds"] for r in rows)
+    lines += [
+        "",
+        f"total: {_minutes(total_s)} on this CPU for {runs} trainings (all runs and seeds), one after another, training and evaluation included",
     ]
     return "\n".join(lines)
