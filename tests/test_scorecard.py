@@ -15,6 +15,8 @@ from basecap.scorecard import build_scorecard, load_claims
 from basecap.scorecard.claims import Claim
 from basecap.scorecard.compute import load_study, pair_gaps, slope
 from basecap.scorecard.render import STUDY_MARKERS, generated_files, readme_results, scorecard_markdown, stale_files
+from basecap.scorecard.robust import combine
+from basecap.scorecard.sequential import Plan
 from basecap.scorecard.verdicts import FAILS, HOLDS, UNDECIDED, decide, claim_tests
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -39,10 +41,9 @@ def test_every_claim_of_the_paper_has_a_row(card):
     # every baseline of architectures_more is answered there (Based was the last to train); GPU rows say "not run"
     assert rows["based_worse"]["verdict"] != "not run" and rows["based_worse"]["results"] == "architectures_more"
     assert rows["fewshot_top1_on_par"]["verdict"] == "not run" and "GPU" in rows["fewshot_top1_on_par"]["detail"]
-    # tuned and shared-rate versions both appear
-    # (published with the comparison design, the shared-rate claim is answered there, the old estimate beside it)
-    shared = rows["mamba2_worse_shared_lr"]
-    assert shared["results"] == "architectures_annealed" and shared["before"]["study"] == "architectures_shared_lr"
+    # the shared-rate control is arm A of the claim (the learning rate held equal), arm B beside it
+    assert [a["label"] for a in rows["mamba2_worse"]["arms"]] == ["A: both at 2e-3", "B: both at 8e-3"]
+    assert rows["mamba2_worse"]["arms"][0]["run"] == "mamba2_lr2e-3" and rows["mamba2_worse"]["arms"][1]["reference"] == "transformer_pp_lr8e-3"
     assert rows["mamba2_worse"]["results"] == "architectures_annealed" and rows["mamba2_worse"]["before"]["study"] == "architectures"
 
 
@@ -121,9 +122,15 @@ def test_a_comparison_enters_the_family_once(tmp_path):
         build_scorecard(root)
 
 
-def _row(claim: dict, values):
+def _row(claim: dict, values, plan=None):
     c = Claim.model_validate({"id": "c", "section": "4", "paper": "p", "study": "s", "reference": "r", **claim})
-    return {"claim_obj": c, "family": True, "test": claim_tests(c, values, 0.05), "verdict": None, "detail": ""}
+    t = claim_tests(c, values, 0.05)
+    plan = plan or Plan()
+    t["p_holds_plan"], t["plan"] = plan.adjust(t["p_holds"], t["n"])
+    t["p_fails_plan"], _ = plan.adjust(t["p_fails"], t["n"])
+    row = {"claim_obj": c, "family": True, "test": t, "verdict": None, "detail": "", "plan": plan, "arms": []}
+    combine(row)
+    return row
 
 
 def test_verdict_rules():
@@ -144,7 +151,7 @@ def test_verdict_rules():
     assert und["lean"] == "worse" and und["mde"] > 0.3 and und["seeds_to_decide"] >= 4
     assert "the paper's direction" in rows[5]["detail"] and "MDE" in rows[5]["detail"]
     assert "provable margin" in rows[6]["detail"]
-    # Holm over the family: the first rows' adjusted p are m x their p at most
+    # one family over both kinds (Shaffer): a hypothesis' adjusted p is at most m x its p
     assert rows[0]["test"]["p_holds_holm"] <= 8 * rows[0]["test"]["p_holds"] + 1e-15
 
 
@@ -247,9 +254,6 @@ def test_a_superseding_study_answers_its_claims_once_published(tmp_path):
     m2 = rows["mamba2_worse"]
     assert (m2["study"], m2["results"]) == ("architectures_annealed", "architectures_annealed")
     assert m2["before"]["study"] == "architectures" and m2["before"]["mean"] == pytest.approx(before["mamba2_worse"]["test"]["mean"])
-    assert rows["mamba2_worse_shared_lr"]["results"] == "architectures_shared_lr" and rows["mamba2_worse_shared_lr"]["before"] is None
-    # the shared-rate Top-1 Chunk has no counterpart there (only Mamba-2 is also trained at 2e-3): it stays
-    assert rows["top1_chunk_approx_keeps_shared_lr"]["results"] == "architectures_shared_lr"
     with pytest.raises(ConfigError, match="superseding_runs"):
         load_claims(_claims(tmp_path, lambda t: t.replace('mamba2 = "mamba2_lr2e-3"', 'mamba2 = "mamba9"', 1)), ROOT)
 

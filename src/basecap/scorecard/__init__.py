@@ -4,12 +4,14 @@ studies' archived records, with one Holm family over the claims file; ``results/
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from ..config_base import ConfigError
 from .claims import CLAIMS_FILE, load_claims
 from .scale import scale_steps
 from .compute import claim_values, comparison_key, lacking_runs, load_study, provenance, scale_of_config, scale_of_run
+from .robust import arms_of, combine, plan_of, specifications
 from .verdicts import NOT_RUN, UNTESTABLE, claim_margin, decide, claim_tests
 
 __all__ = ["build_scorecard", "load_claims"]
@@ -49,6 +51,23 @@ def _superseded(c, claims, studies: dict, domains: list[str]):
     t = paired_test(claim_values(c, prev, domains)["values"])
     before = {"study": c.study, "results": claims.results_dir(c.study), "mean": t.mean, "ci95": list(t.ci95) if t.ci95 else None, "n": t.n}
     return new, before, None
+
+
+def plans(claims, rows: list[dict]) -> dict:
+    """How each study of the family's claims is read: its declared plan, its undeclared looks, or one look."""
+    out = {}
+    for study in sorted({r["study"] for r in rows if r["study"] and r.get("results")}):
+        st = claims.studies[study]
+        if st.looks:
+            plan = f"declared: looks at {', '.join(map(str, st.looks))} seeds, {st.spending.replace('_', '-')} spending"
+            reading = "repeated p values at the look reached"
+        elif st.looks_taken:
+            plan = f"undeclared looks at {', '.join(map(str, st.looks_taken))} seeds ({st.looks_reason})"
+            reading = f"Bonferroni over {len(st.looks_taken) + 1} looks (p x {len(st.looks_taken) + 1}): the most conservative valid reading"
+        else:
+            plan, reading = "one look at the seeds fixed in the study file", "as tested"
+        out[study] = {"plan": plan, "reading": reading}
+    return out
 
 
 def build_scorecard(root: str | Path = ".", claims_path: str | Path | None = None) -> dict:
@@ -129,13 +148,27 @@ def build_scorecard(root: str | Path = ".", claims_path: str | Path | None = Non
             scale=scale_of_run(st.runs[next(k for k in got["used"] if k[0] == scale_run)]) if got["used"] else None,
             reused=[{"run": f"{n}-s{s}", "copy_of": copy_of[(folder, f"{n}-s{s}")]} for n, s in got["used"] if (folder, f"{n}-s{s}") in copy_of],
         )
-        row["test"] = claim_tests(c, got["values"], claim_margin(c, claims.margin))
+        t = row["test"] = claim_tests(c, got["values"], claim_margin(c, claims.margin))
+        plan = row["plan"] = plan_of(claims, c.study)
+        t["p_holds_plan"], t["plan"] = plan.adjust(t["p_holds"], t["n"])
+        t["p_fails_plan"], _ = plan.adjust(t["p_fails"], t["n"])
+        row["arms"] = arms_of(c, claims, studies, domains)
+        row["study_obj"] = st
+        combine(row)
     m = decide(rows, claims.alpha, claims.power)
+    for r in rows:
+        if r["family"] and r.get("test") and r["test"]["n"] >= 2:
+            specifications(r, r["claim_obj"], r["study_obj"], claims, r["domains"], claims.alpha)
     steps = scale_steps(root, claims, studies, rows)
     for r in rows:
-        r.pop("claim_obj")
+        for k in ("claim_obj", "study_obj", "plan"):
+            r.pop(k, None)
     n_records = sum(len(st.runs) for st in studies.values())
+    sim_path = root / "results" / "error_control.json"
+    error_control = json.loads(sim_path.read_text(encoding="utf-8")) if sim_path.is_file() else None
     return {
+        "error_control": error_control,
+        "plans": plans(claims, [r for r in rows if r["family"]]),
         "margin": claims.margin,
         "margin_reason": " ".join(claims.margin_reason.split()),
         "alpha": claims.alpha,

@@ -16,7 +16,7 @@ from pydantic import ValidationError, field_validator, model_validator
 from ..config_base import ConfigError, Strict, format_validation_error, valid_name
 
 CLAIMS_FILE = Path("experiments/paper/claims.toml")
-EXPECT = ("worse", "better", "no_effect", "trend", "interaction")
+EXPECT = ("worse", "better", "no_effect", "small", "trend", "interaction")
 DIRECTIONS = {"trend": ("falls", "rises"), "interaction": ("larger", "smaller")}
 # "primary": the study's primary gap (its design's, when it has one); a design's other measures by name (docs/metrics.md)
 MEASURES = ("primary", "legacy", "evals_all", "evals_seen", "annealed_all", "annealed_seen")
@@ -31,6 +31,24 @@ class Study(Strict):
     # published (with the claim's runs), the claim is computed from it, this one beside
     superseding_runs: dict[str, str] = {}  # run names in the superseding study; when given, only claims whose every
     # run it maps move there (a control whose other runs have no counterpart stays)
+    looks: list[int] = []  # seeds planned in advance: the seed counts at which the study is read, declared before
+    # its first look (a group-sequential plan; docs/metrics.md, "Seeds planned in advance")
+    spending: Literal["obrien_fleming", "pocock"] = "obrien_fleming"  # the plan's alpha-spending function
+    looks_taken: list[int] = []  # looks that were taken without a plan (seed counts before the final one), recorded
+    # after the fact: the study's claims are read by Bonferroni over its looks
+    looks_reason: str | None = None  # where the undeclared looks are recorded
+
+    @model_validator(mode="after")
+    def _looks(self):
+        for key in ("looks", "looks_taken"):
+            v = getattr(self, key)
+            if any(n < 2 for n in v) or v != sorted(set(v)):
+                raise ValueError(f"{key}: increasing seed counts of at least 2, got {v}")
+        if self.looks and self.looks_taken:
+            raise ValueError("a study has a declared plan (looks) or undeclared looks (looks_taken), not both")
+        if self.looks_taken and not self.looks_reason:
+            raise ValueError("looks_taken: say where the looks are recorded (looks_reason)")
+        return self
 
     @field_validator("results")
     @classmethod
@@ -38,12 +56,23 @@ class Study(Strict):
         return v if v is None else valid_name(v, "results folders")
 
 
+class Arm(Strict):
+    """Another specification of a claim's comparison that its verdict must survive (an intersection-union test):
+    the same statistic from other runs, e.g. the two at one shared learning rate."""
+
+    label: str  # e.g. "A: both at 2e-3"
+    study: str
+    run: str
+    reference: str
+
+
 class Claim(Strict):
     id: str
     section: str
     paper: str  # the paper's words
     study: str | None = None
-    expect: Literal["worse", "better", "no_effect", "trend", "interaction"] | None = None
+    expect: Literal["worse", "better", "no_effect", "small", "trend", "interaction"] | None = None
+    # small: a small harm, 0 < gap < margin (an interval claim: both bounds must be shown)
     direction: str | None = None  # trend: falls | rises; interaction: larger | smaller
     run: str | None = None
     reference: str | None = None
@@ -53,6 +82,7 @@ class Claim(Strict):
     domains: list[str] | None = None
     seeds: list[int] | None = None  # only these seeds (default: every seed both runs have)
     measure: Literal["primary", "legacy", "evals_all", "evals_seen", "annealed_all", "annealed_seen"] = "primary"
+    arms: list[Arm] = []  # the rate arms (or other specifications) the verdict must also hold in
     gpu: str | None = None  # needs the paper's GPU scale: what would have to run
     untestable: str | None = None  # no study can test it: why
 
@@ -96,7 +126,7 @@ class Claim(Strict):
     def sign(self) -> int:
         """+1 when the paper expects the statistic to be positive (worse, rises, larger), -1 when negative, 0 for
         no effect."""
-        return {"worse": 1, "rises": 1, "larger": 1, "better": -1, "falls": -1, "smaller": -1}.get(self.direction or self.expect or "", 0)
+        return {"worse": 1, "small": 1, "rises": 1, "larger": 1, "better": -1, "falls": -1, "smaller": -1}.get(self.direction or self.expect or "", 0)
 
     @property
     def runs(self) -> list[str]:
@@ -135,6 +165,11 @@ class ClaimsFile(Strict):
             seen.add(c.id)
             if c.study is not None and c.study not in self.studies:
                 raise ValueError(f"claims[{i}] ({c.id}): unknown study {c.study!r}; studies: {', '.join(self.studies)}")
+            for a in c.arms:
+                if a.study not in self.studies:
+                    raise ValueError(f"claims[{i}] ({c.id}): arm {a.label!r}: unknown study {a.study!r}")
+                if c.expect in ("trend", "interaction"):
+                    raise ValueError(f"claims[{i}] ({c.id}): arms are for pair claims (a run against a reference)")
         in_family = {c.study for c in self.claims} | {self.studies[c.study].superseded_by for c in self.claims if c.study in self.studies}
         for i, step in enumerate(self.scale_steps):
             claim = next((c for c in self.claims if c.id == step.claim), None)
@@ -208,7 +243,12 @@ def check_runs(claims: ClaimsFile, root: Path, path: Path) -> None:
                     f"{path}: studies.{key}.superseding_runs: {study.superseding_runs} names runs that {key} or {study.superseded_by} do not have"
                 )
     steps = [(f"scale_steps[{i}]", claims.step_claim(st)) for i, st in enumerate(claims.scale_steps)]
-    for where, c in [*((f"claims[{i}]", c) for i, c in enumerate(claims.claims)), *steps]:
+    arms = [
+        (f"claims[{i}] arm {a.label!r}", c.model_copy(update={"study": a.study, "run": a.run, "reference": a.reference, "arms": []}))
+        for i, c in enumerate(claims.claims)
+        for a in c.arms
+    ]
+    for where, c in [*((f"claims[{i}]", c) for i, c in enumerate(claims.claims)), *steps, *arms]:
         if c.study is None:
             continue
         bad = [r for r in c.runs if r not in names[c.study]]

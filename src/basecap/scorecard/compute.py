@@ -55,10 +55,17 @@ def load_study(results_dir: Path) -> Study | None:
 
 
 def pair_gaps(
-    study: Study, run: str, reference: str, domains: list[str], seeds: list[int] | None = None, measure: str = "primary"
+    study: Study,
+    run: str,
+    reference: str,
+    domains: list[str],
+    seeds: list[int] | None = None,
+    measure: str = "primary",
+    band: tuple[float, float] | None = None,
 ) -> tuple[dict[str, dict[int, float]], list[str]]:
     """Per domain, {seed: value of ``measure``} of ``run`` against ``reference`` (same seed), from the report's
-    ``build_comparisons`` at the study's smoothing; and its notes (seeds without a gap, and why)."""
+    ``build_comparisons`` at the study's smoothing; and its notes (seeds without a gap, and why). ``band`` replaces
+    the study's band (a specification of the level)."""
     pairs: list[tuple[RunCurves, RunCurves]] = []
     for (name, seed), r in sorted(study.runs.items(), key=lambda kv: kv[0][1]):
         ref = study.runs.get((reference, seed))
@@ -68,6 +75,8 @@ def pair_gaps(
             pairs.append((run_curves, ref_curves))
     smooth = study.summary.get("smooth") or SMOOTH
     design = study.summary.get("design")
+    if design and band is not None:
+        design = {**design, "band": list(band)}
     if design:  # a study with a comparison design: its primary measure (or the one the claim names), as its report
         from ..report.design import measure_comparisons, measures
 
@@ -111,7 +120,7 @@ def slope(xs: list[float], ys: list[float]) -> float:
     return math.fsum((x - mx) * (y - my) for x, y in zip(xs, ys)) / math.fsum((x - mx) ** 2 for x in xs)
 
 
-def claim_values(claim: Claim, study: Study, domains: list[str]) -> dict:
+def claim_values(claim: Claim, study: Study, domains: list[str], band: tuple[float, float] | None = None) -> dict:
     """The claim's statistic per seed (``values``, ``seeds``), its parts per domain, the runs it used and notes.
 
     - pair (worse / better / no_effect): the run's gap against the reference, mean over ``domains``;
@@ -124,7 +133,7 @@ def claim_values(claim: Claim, study: Study, domains: list[str]) -> dict:
     parts: dict[str, dict] = {}
 
     def gaps(run, ref):
-        g, n = pair_gaps(study, run, ref, domains, claim.seeds, claim.measure)
+        g, n = pair_gaps(study, run, ref, domains, claim.seeds, claim.measure, band)
         notes.extend(n)
         parts[f"{run} vs {ref}"] = {d: {str(s): v for s, v in g.get(d, {}).items()} for d in domains}
         return _domain_mean(g, domains)
@@ -202,3 +211,41 @@ def provenance(studies: dict[str, Study]) -> list[dict]:
             if src or (same and same != f"{st.name}/runs/{r.run_id}"):
                 out.append({"study": st.name, "run": r.run_id, "copy_of": same, "reused_from": src.get("run_dir") if isinstance(src, dict) else src})
     return out
+
+
+LEVELS = ("band", "lowest", "half")
+HALF = 0.5  # the fraction of training whose level the "half" specification reads
+
+
+def level_band(claim: Claim, study: Study, level: str) -> tuple[float, float] | None:
+    """The in-domain band a level specification reads a claim's gap in, as wide as the study's band: ``band`` the
+    study's own; ``lowest`` from the lowest level every curve of the claim reaches (the highest of its runs' lowest
+    annealed points) up; ``half`` centred on the level the slowest of the claim's runs (the highest mean over seeds)
+    is annealed to at its fork at half of training, a level every curve passes through. None where the study has no
+    band (the old design) or the level cannot be placed."""
+    from ..report.design import annealed_records
+    from ..rundir import matched_loss
+
+    design = study.summary.get("design") or {}
+    if not design.get("band"):
+        return None
+    lo, hi = design["band"]
+    width = hi - lo
+    if level == "band":
+        return (lo, hi)
+    match = design.get("match_domains")
+    runs = [r for (name, _), r in study.runs.items() if name in claim.runs]
+    if level == "lowest":
+        lows = [min(x for x in (matched_loss(rec, match) for rec in annealed_records(r)) if x is not None) for r in runs]
+        return (max(lows), max(lows) + width) if lows else None
+    if level == "half":
+        by_run: dict[str, list[float]] = {}
+        for r in runs:
+            at = [matched_loss(rec, match) for rec in r.annealed if rec.get("step") == round(HALF * r.info["config"]["train"]["steps"])]
+            by_run.setdefault(r.name, []).extend(x for x in at if x is not None)
+        means = [math.fsum(v) / len(v) for v in by_run.values() if v]
+        if len(means) < len(by_run) or not means:
+            return None
+        c = max(means)
+        return (c - width / 2, c + width / 2)
+    raise ValueError(f"level: one of {', '.join(LEVELS)}, got {level!r}")

@@ -74,7 +74,7 @@ def expects_text(r: dict) -> str:
         return f"gap {r['direction']} as x grows"
     if e == "interaction":
         return f"limited gap {r['direction']} than mixed"
-    return {"worse": "worse OOD", "better": "better", "no_effect": "no effect (within the margin)"}[e]
+    return {"worse": "worse OOD", "better": "better", "no_effect": "no effect (within the margin)", "small": "a small harm (0 < gap < margin)"}[e]
 
 
 def estimate_text(r: dict) -> str:
@@ -120,21 +120,28 @@ def scorecard_markdown(card: dict) -> str:
         "",
         f"Every claim of the paper (`experiments/paper/claims.toml`, {len(card['claims'])} claims) tested once, from the "
         "archived records of the runs it names, with the reports' own matching (the primary OOD gap at matched "
-        "in-domain loss, paired by seed; a claim's gap is the mean over its held-out domains). One family: Holm "
-        f"over the m = {card['family_size']} claims testable at this scale, run or not (a claim not run yet counts "
-        f"with p = 1), at alpha = {card['alpha']:g}, separately for 'holds' and 'fails' verdicts. Equivalence margin: "
-        f"{card['margin']:g} nats/token. {card['margin_reason']}",
+        "in-domain loss, paired by seed; a claim's gap is the mean over its held-out domains). "
+        f"**Error control: one family of m = {card['family_size']} claims** (every claim testable at this scale, run or "
+        "not; a claim not run counts with p = 1) **over both kinds of verdict**: Holm over the 2m 'holds' and 'fails' "
+        "hypotheses with Shaffer's constraint (a claim's two nulls exclude each other, so at most m are true; at each "
+        f"step the divisor is the number of claims with an untested hypothesis), so the chance of any false verdict, "
+        f"'holds' or 'fails', is at most alpha = {card['alpha']:g}" + _simulated(card) + ". A claim with rate arms holds "
+        "only if it holds in its own comparison and in each arm, and fails only if it fails in all (an "
+        "intersection-union test); a study's seeds are read by its declared plan, or after undeclared looks by "
+        f"Bonferroni over the looks. Equivalence margin: {card['margin']:g} nats/token. {card['margin_reason']}",
         "",
         f"**{c[HOLDS]} hold, {c[FAILS]} fail, {c[UNDECIDED]} undecided, {c[NOT_RUN]} not run, {c[UNTESTABLE]} without "
-        "a study.** How to read a verdict: *holds*: the corrected test shows the paper's direction (or, for 'no "
-        "effect', TOST shows the gap inside the margin); *fails*: the corrected test shows the paper's effect below "
-        "the margin (for 'no effect': a gap beyond it); *undecided*: neither, with the sign the estimate leans to, "
-        f"the minimum detectable effect at {card['power']:.0%} power (for 'no effect': the smallest margin TOST could "
-        f"show) at level alpha/m, and the seeds that would decide it if the truth were the estimate "
-        "(docs/metrics.md, \"The scorecard\").",
+        f"a study; {sum(1 for r in card['claims'] if r.get('robust') and r['verdict'] in (HOLDS, FAILS))} of the "
+        f"{c[HOLDS] + c[FAILS]} decided verdicts are robust** (the same verdict under every specification of "
+        "\"Robustness\" below). How to read a verdict: *holds*: the corrected test shows the paper's direction (for "
+        "'no effect': TOST shows the gap inside the margin; for 'small': the gap shown inside (0, margin)); *fails*: "
+        "an effect of the paper's size is ruled out (for 'no effect': a gap shown beyond the margin); *undecided*: "
+        f"neither, with the sign the estimate leans to, the minimum detectable effect at {card['power']:.0%} power (for "
+        "'no effect': the smallest margin TOST could show) at level alpha/m, and the seeds that would decide it if the "
+        "truth were the estimate (docs/metrics.md, \"The scorecard\").",
         "",
-        "| claim | section | the paper | study | expects | estimate [95% CI] | corrected interval | seeds | p holds / fails (Holm) | verdict | scale |",
-        "|" + "---|" * 11,
+        "| claim | section | the paper | study | expects | estimate [95% CI] | interval the verdict used | seeds | p holds / fails (family) | verdict | robust | scale |",
+        "|" + "---|" * 12,
     ]
     for r in card["claims"]:
         t = r["test"] or {}
@@ -148,16 +155,20 @@ def scorecard_markdown(card: dict) -> str:
         ph = f"{_p(t.get('p_holds_holm'))} / {_p(t.get('p_fails_holm'))}" if t.get("n", 0) >= 2 else "-"
         lines.append(
             f"| `{r['id']}` | {r['section']} | {r['paper']} | {_link(r['study'], r['results'])} | {expects_text(r)} | "
-            f"{est} | {_ci(t.get('ci_corrected')) or '-'} | {len(r['seeds']) or '-'} | {ph} | {verdict_text(r)} | "
+            f"{est} | {used_interval_text(t)} | {len(r['seeds']) or '-'} | {ph} | {verdict_text(r)} | {robust_text(r)} | "
             f"{scale_text(r['scale'])} |"
         )
     lines += [
         "",
         "Estimates are nats/token (a trend's: per doubling of x; an interaction's: limited-domain gap minus "
         "mixed-domain gap); positive = worse out of distribution than the reference at the same in-domain loss. "
-        "The corrected interval is Bonferroni's at the family's first Holm step: two-sided 1 - alpha/m for a "
-        "direction, 1 - 2 alpha/m (the interval of TOST at alpha/m) for 'no effect'.",
+        "The interval the verdict used is the one its deciding test corresponds to, at that test's own step of the "
+        "family (alpha / divisor, read through the study's plan): two-sided 1 - a for a direction and for every "
+        "'fails', 1 - 2a for TOST and for 'small'; for an undecided claim, its 'holds' test's. For a claim with arms "
+        "it is the claim's own comparison's; each arm's estimate is in \"Robustness\".",
         "",
+        *robustness_markdown(card),
+        *looks_markdown(card),
         "## Reused runs",
         "",
         f"The studies publish {card['run_records']} run records of {card['distinct_runs']} distinct runs: "
@@ -170,6 +181,90 @@ def scorecard_markdown(card: dict) -> str:
     lines += [f"| {c['study']}/{c['run']} | {_source(c, prefix='')} |" for c in card["copies"]]
     lines += scale_markdown(card)
     return "\n".join(lines) + "\n"
+
+
+def _simulated(card: dict) -> str:
+    sim = card.get("error_control")
+    if not sim:
+        return ""
+    worst = max(sim["configurations"], key=lambda c: c["any_false"])
+    return (
+        f" (simulated, `results/error_control.json`: at most {worst['any_false']:.3f} over {len(sim['configurations'])} "
+        f"null configurations, {sim['n_sim']} families each)"
+    )
+
+
+def used_interval_text(t: dict) -> str:
+    if not t.get("ci_corrected"):
+        return "-"
+    return f"{_ci(t['ci_corrected'])} ({100 * t['ci_corrected_level']:.3g}%, {t['ci_corrected_for']})"
+
+
+def robust_text(r: dict) -> str:
+    if r["verdict"] not in (HOLDS, FAILS) or "robust" not in r:
+        return "-"
+    if r["robust"]:
+        return "robust"
+    parts = []
+    if r["breaks"]:
+        parts.append("breaks under " + ", ".join(r["breaks"]))
+    if r["robust_missing"]:
+        parts.append("not read under " + ", ".join(r["robust_missing"]))
+    return "fragile: " + "; ".join(parts)
+
+
+def _spec_cell(s: dict | None) -> str:
+    if s is None:
+        return ""
+    what = f"{s['label'].split(': ', 1)[1]}: " if s.get("label") else ""
+    if s["verdict"] in ("n/a", "waiting"):
+        return what + s["verdict"]
+    return f"{what}{_n(s['estimate'])} {_ci(s['ci95'])} {s['verdict']}".strip()
+
+
+def robustness_markdown(card: dict) -> list[str]:
+    """The specification table: each tested claim's estimate and verdict under every pre-declared specification."""
+    rows = [r for r in card["claims"] if r.get("specs")]
+    if not rows:
+        return []
+    names: list[str] = []
+    for r in rows:
+        for s in r["specs"][1:]:
+            if s["spec"] not in names:
+                names.append(s["spec"])
+    lines = [
+        "## Robustness: the specification table",
+        "",
+        "Each claim again under every analysis choice declared in advance (docs/metrics.md, \"Robust verdicts\"): OOD "
+        "loss on every target instead of the seen ones; the band moved to the lowest level every curve of the claim "
+        "reaches, and to the level the slowest of its runs reaches at half of training; and each rate arm (the "
+        "learning rate held equal: A, both at Transformer++'s 2e-3; B, both at the architecture's tuned rate). Each cell is the estimate [95% CI] and the verdict that specification alone would "
+        "give at the levels the claim's verdict used. A decided verdict is *robust* only when every specification "
+        "agrees; otherwise the row names the one that breaks it. *n/a*: the specification cannot be read (the study "
+        "has no band, or too few curves reach the level); *waiting*: the arm's runs are not published yet.",
+        "",
+        "| claim | verdict | primary | " + " | ".join(names) + " |",
+        "|" + "---|" * (3 + len(names)),
+    ]
+    for r in rows:
+        by = {s["spec"]: s for s in r["specs"][1:]}
+        lines.append(
+            f"| `{r['id']}` | {r['verdict']} ({robust_text(r)}) | {_spec_cell(r['specs'][0])} | "
+            + " | ".join(_spec_cell(by.get(n)) for n in names)
+            + " |"
+        )
+    return lines + [""]
+
+
+def looks_markdown(card: dict) -> list[str]:
+    """How each study's seeds were looked at."""
+    plans = card.get("plans") or {}
+    if not plans:
+        return []
+    lines = ["## Seeds and looks", "", "| study | plan | how its claims are read |", "|---|---|---|"]
+    for study, p in plans.items():
+        lines.append(f"| {study} | {p['plan']} | {p['reading']} |")
+    return lines + [""]
 
 
 def step_rows(step: dict, prefix: str = "") -> list[str]:
@@ -235,17 +330,13 @@ def _summaries(root: Path, card: dict) -> dict[str, dict]:
 
 
 def _study_line(name: str, s: dict, card: dict) -> str:
-    runs = ", ".join(f"{r['name']} ({len(r['seeds'])} seeds, in-domain {r['in_domain_loss']:.3f})" for r in s["runs"])
-    held = [c for c in s["comparisons"] if not c.get("in_domain_here")]
-    gaps = "; ".join(
-        f"{c['run']} {c['domain']} {_n(c['mean_gap'])} {_ci(c['ci95'])} ({c['verdict'].split(' (')[0]})" for c in held if c["mean_gap"] is not None
-    )
+    """One line per published study: its runs and seeds, and the claims it answers with their verdicts."""
+    runs = ", ".join(f"{r['name']} ({len(r['seeds'])})" for r in s["runs"])
+    claims = [r for r in card["claims"] if r["results"] == name]
+    said = "; ".join(f"`{r['id']}` {r['verdict']}" for r in claims) or "no claim of the paper"
     copies = sum(c["study"] == name for c in card["copies"])
-    reuse = f" {copies} of its {sum(len(r['seeds']) for r in s['runs'])} run records are copies of other studies' runs." if copies else ""
-    return (
-        f"- [`results/{name}/`](results/{name}/README.md): {runs}. Held-out gaps against {' / '.join(f'`{r}`' for r in s.get('references') or [s['reference']])} at "
-        f"matched in-domain loss (the study's own Holm over {len(held)}): {gaps}.{reuse}"
-    )
+    reuse = f"; {copies} records are copies" if copies else ""
+    return f"- [`results/{name}/`](results/{name}/README.md): runs (seeds) {runs}{reuse}. Claims: {said}."
 
 
 def readme_results(card: dict, root: Path) -> str:
@@ -259,18 +350,20 @@ def readme_results(card: dict, root: Path) -> str:
         f"![In-domain vs OOD loss over training, architectures study at the small CPU size]({FIGURE})",
         "",
         f"The paper's claims at this scale ({scale_range(scales)}), each tested once in one family of "
-        f"{card['family_size']} (Holm; equivalence margin {card['margin']:g} nats/token), from "
+        f"{card['family_size']} (Holm over both kinds of verdict with Shaffer's constraint; equivalence margin {card['margin']:g} nats/token), from "
         f"[`results/SCORECARD.md`](results/SCORECARD.md): **{c[HOLDS]} hold, {c[FAILS]} fail, {c[UNDECIDED]} "
         f"undecided, {c[NOT_RUN]} not run** ({sum(r['verdict'] == NOT_RUN and 'GPU' in r['detail'] for r in card['claims'])} "
         f"of them need the paper's GPU scale), {c[UNTESTABLE]} without a study.",
         "",
     ]
-    lines += ["| claim | the paper | study | estimate [95% CI] | seeds | verdict |", "|---|---|---|---|---|---|"]
+    lines += ["| claim | the paper | study | estimate | interval the verdict used | seeds | verdict |", "|---|---|---|---|---|---|---|"]
     for r in [*by[HOLDS], *by[FAILS], *by[UNDECIDED]]:
         lean = f", {lean_text(r)}" if r["verdict"] == UNDECIDED and lean_text(r) else ""
+        robust = f" ({robust_text(r)})" if r["verdict"] in (HOLDS, FAILS) else ""
+        t = r["test"] or {}
         lines.append(
-            f"| `{r['id']}` | {r['paper']} | {_link(r['study'], r['results'], 'results/')} | {estimate_text(r)} | "
-            f"{len(r['seeds'])} | {r['verdict']}{lean} |"
+            f"| `{r['id']}` | {r['paper']} | {_link(r['study'], r['results'], 'results/')} | {_n(t.get('mean'))} | "
+            f"{used_interval_text(t)} | {len(r['seeds'])} | {r['verdict']}{robust}{lean} |"
         )
     waiting = sorted({r["study"] for r in card["claims"] if r["verdict"] == NOT_RUN})
     in_part = sorted({r["study"] for r in card["claims"] if r.get("lacking")})  # published without some claims' runs yet
@@ -299,7 +392,7 @@ def readme_results(card: dict, root: Path) -> str:
         base = f"{_n(bt.get('mean'))} {_ci(bt.get('ci95'))} at {step['base']['size']}"
         lines += [f"Scale step, outside the family: `{step['claim']}` ({base}) at size {step['size']} ({scale_text(step['scale'])}): {now}.", ""]
     lines += [
-        "Each published study (numbers from its `summary.json`; its own report corrects within the study):",
+        "Each published study (its report and `summary.json` hold the numbers; verdicts are the scorecard's):",
         "",
     ]
     lines += [_study_line(n, s, card) for n, s in _summaries(root, card).items()]
@@ -325,10 +418,14 @@ def study_block(card: dict, study: str) -> str:
             "Claims of the paper this study tests, with the project's verdict (one family over every claim, "
             "[`results/SCORECARD.md`](../SCORECARD.md)):",
             "",
-            "| claim | the paper | estimate [95% CI] | seeds | verdict |",
-            "|---|---|---|---|---|",
+            "| claim | the paper | estimate | interval the verdict used | seeds | verdict | robust |",
+            "|---|---|---|---|---|---|---|",
         ]
-        lines += [f"| `{r['id']}` | {r['paper']} | {estimate_text(r)} | {len(r['seeds'])} | {verdict_text(r)} |" for r in rows]
+        lines += [
+            f"| `{r['id']}` | {r['paper']} | {_n((r['test'] or {}).get('mean'))} | {used_interval_text(r['test'] or {})} | "
+            f"{len(r['seeds'])} | {verdict_text(r)} | {robust_text(r)} |"
+            for r in rows
+        ]
         by_rerun: dict[str, list[dict]] = {}
         for r in rows:
             if r.get("pending"):

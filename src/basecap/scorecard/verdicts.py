@@ -4,12 +4,21 @@ Every claim that can be tested at the CPU scale is a member of the family, run o
 p = 1), so a verdict given now stands when the other studies land. Each claim has two tests:
 
 - holds: a direction (worse / better, a trend's sign, an interaction's sign) shown by the two-sided test in the
-  paper's direction; no_effect shown by TOST against the margin;
-- fails: for a direction, the statistic shown below the margin in the paper's direction (this covers a difference
-  shown the other way and an equivalence to 0); for no_effect, a difference shown beyond the margin.
+  paper's direction; no_effect shown by TOST against the margin; small (0 < gap < margin) shown by both one-sided
+  tests (an intersection-union test);
+- fails: for a direction, an effect of the paper's size ruled out: the statistic shown below the margin in the
+  paper's direction (this covers a difference shown the other way and an equivalence to 0); for no_effect, a
+  difference shown beyond the margin; for small, the gap shown outside (0, margin).
 
-Holm runs over the family's 'holds' p values, and separately over its 'fails' p values, so the chance of any false
-'holds' and the chance of any false 'fails' are each at most alpha. Definitions: docs/metrics.md, "The scorecard".
+A claim with arms (``arms`` in claims.toml: the learning rate held equal) holds only if it holds in its own
+comparison and in every arm, and fails only if it fails in all of them: its p values are the largest of its
+specifications' (an intersection-union test needs no correction across its parts). A study's seeds are read by its
+plan (``sequential``). Then one family over both kinds of verdict: Holm over the 2m 'holds' and 'fails' hypotheses
+with Shaffer's logical constraint. A claim's 'holds' null and its 'fails' null exclude each other (the gap cannot
+be both at most 0 and at least the margin, nor both inside and outside it), so at most m of the 2m nulls are true,
+and at step j the divisor is the number of claims that still have an untested hypothesis (never more than m): the
+chance of any false verdict, 'holds' or 'fails', is at most alpha (Shaffer 1986). Definitions: docs/metrics.md,
+"The scorecard".
 """
 
 from __future__ import annotations
@@ -17,7 +26,7 @@ from __future__ import annotations
 import math
 
 from ..report import equivalence as eq
-from ..report.stats import holm, paired_test, simultaneous_ci
+from ..report.stats import paired_test, simultaneous_ci
 
 HOLDS, FAILS, UNDECIDED, NOT_RUN, UNTESTABLE = "holds", "fails", "undecided", "not run", "no study"
 LEAN = {"pair": ("worse", "better"), "trend": ("rises", "falls"), "interaction": ("larger", "smaller")}
@@ -37,7 +46,8 @@ def _design(claim) -> str:
 
 
 def claim_tests(claim, values: list[float], margin: float) -> dict:
-    """Estimate, 95% interval and the two uncorrected tests of one claim's per-seed values."""
+    """Estimate, 95% interval and the two uncorrected tests of one claim's per-seed values (nominal p values: the
+    study's plan and the family are applied later)."""
     t = paired_test(values)
     out = {
         "n": t.n,
@@ -53,7 +63,10 @@ def claim_tests(claim, values: list[float], margin: float) -> dict:
     if t.n < 2:
         return out
     out["p_equivalence"] = eq.tost(values, margin)["p"]
-    if claim.sign == 0:
+    if claim.expect == "small":  # 0 < gap < margin: both bounds shown (IUT); fails: shown outside either one
+        out["p_holds"] = max(eq.one_sided_p(values, 0.0, "greater"), eq.one_sided_p(values, margin, "less"))
+        out["p_fails"] = min(1.0, 2 * min(eq.one_sided_p(values, 0.0, "less"), eq.one_sided_p(values, margin, "greater")))
+    elif claim.sign == 0:
         out["p_holds"], out["p_fails"] = out["p_equivalence"], eq.beyond_margin_p(values, margin)
     else:
         s = claim.sign
@@ -62,16 +75,40 @@ def claim_tests(claim, values: list[float], margin: float) -> dict:
     return out
 
 
+def family_adjust(tests: list[tuple[float, float]]) -> list[tuple[float, float, int, int]]:
+    """Shaffer-constrained Holm over every claim's 'holds' and 'fails' p values (``tests``: one pair per claim).
+    Returns per claim the adjusted p values and the divisor each hypothesis was tested with (its step's count of
+    claims with an untested hypothesis). Reject at level alpha when the adjusted p <= alpha."""
+    hyps = sorted(((p, i, k) for i, pair in enumerate(tests) for k, p in enumerate(pair)), key=lambda h: (h[0], h[1], h[2]))
+    left = [2] * len(tests)
+    adj = [[1.0, 1.0] for _ in tests]
+    div = [[len(tests), len(tests)] for _ in tests]
+    running = 0.0
+    for p, i, k in hyps:
+        t = sum(1 for n in left if n > 0)
+        running = max(running, min(1.0, t * p))
+        adj[i][k], div[i][k] = running, t
+        left[i] -= 1
+    return [(a[0], a[1], d[0], d[1]) for a, d in zip(adj, div)]
+
+
+def interval_level(claim, a: float) -> float:
+    """The two-sided confidence level whose interval agrees with a test at level ``a``: 1 - a for a direction's and
+    for the 'fails' tests, 1 - 2a for TOST and the interval test of 'small' (both one-sided at a)."""
+    return 1 - 2 * a if claim.sign == 0 or claim.expect == "small" else 1 - a
+
+
 def decide(rows: list[dict], alpha: float, power: float) -> int:
-    """Holm over the family (rows with ``family``) on 'holds' and on 'fails' p values; sets each tested row's
-    verdict, corrected interval, and for an undecided one its lean, minimum detectable effect and the seeds that
-    would decide it. Returns the family size m."""
+    """One family (rows with ``family``) over 'holds' and 'fails' (``family_adjust``) on each row's p values after its
+    study's plan and its arms (``p_holds_claim`` / ``p_fails_claim``, set by the caller); sets each tested row's
+    verdict, the interval its verdict used, and for an undecided one its lean, minimum detectable effect and the
+    seeds that would decide it. Returns the family size m."""
     fam = [r for r in rows if r["family"]]
     m = len(fam)
-    for key in ("p_holds", "p_fails"):
-        for r, ph in zip(fam, holm([r["test"][key] if r.get("test") else 1.0 for r in fam])):
-            if r.get("test"):  # a claim not run counts in m with p = 1
-                r["test"][key + "_holm"] = ph
+    pairs = [(r["test"]["p_holds_claim"], r["test"]["p_fails_claim"]) if r.get("test") else (1.0, 1.0) for r in fam]
+    for r, (ph, pf, dh, df) in zip(fam, family_adjust(pairs)):
+        if r.get("test"):  # a claim not run counts in m with p = 1
+            r["test"].update(p_holds_holm=ph, p_fails_holm=pf, divisor_holds=dh, divisor_fails=df)
     for r in fam:
         t = r.get("test")
         if t is None:
@@ -80,21 +117,27 @@ def decide(rows: list[dict], alpha: float, power: float) -> int:
         if t["n"] < 2:
             r["verdict"], r["detail"] = UNDECIDED, f"too few seeds ({t['n']})"
             continue
-        # the corrected interval of the claim's 'holds' test (Bonferroni at the family's first Holm step):
-        # two-sided 1 - alpha/m for a direction, 1 - 2 alpha/m (the interval TOST at alpha/m corresponds to) for no_effect
-        level = 2 * alpha if claim.sign == 0 else alpha
-        ci = simultaneous_ci(t["n"], t["mean"], t["sd"], m, level)
-        t["ci_corrected"], t["ci_corrected_level"] = (list(ci) if ci else None), 1 - level / m
-        if t["p_holds_holm"] < alpha:
+        holds, fails = t["p_holds_holm"] <= alpha, t["p_fails_holm"] <= alpha
+        used = "holds" if holds or not fails else "fails"
+        # the interval the verdict used: the level of its deciding hypothesis' step (alpha / divisor), read through
+        # the study's plan (a nominal level), at the confidence that test corresponds to; an undecided claim's at the
+        # family's first step (alpha / m), the level it would have to pass first
+        t["level_holds"], t["level_fails"] = (alpha / t["divisor_holds"], alpha / t["divisor_fails"]) if holds or fails else (alpha / m, alpha / m)
+        a = r["plan"].nominal_level(t["level_" + used], t["n"])
+        level = interval_level(claim, a) if used == "holds" else 1 - a
+        ci = simultaneous_ci(t["n"], t["mean"], t["sd"], 1, 1 - level)
+        t["ci_corrected"], t["ci_corrected_level"], t["ci_corrected_for"] = (list(ci) if ci else None), level, used
+        if holds:
             r["verdict"] = HOLDS
-            r["detail"] = (
-                f"but within the margin (+/-{t['margin']:.3g}): a difference too small to matter" if claim.sign and t["p_fails_holm"] < alpha else ""
-            )
-        elif t["p_fails_holm"] < alpha:
-            r["verdict"], r["detail"] = FAILS, ""
+            r["detail"] = f"but within the margin (+/-{t['margin']:.3g}): a difference too small to matter" if claim.sign and fails else ""
+        elif fails:
+            r["verdict"] = FAILS
+            r["detail"] = "an effect of the paper's size is ruled out" if claim.sign and claim.expect != "small" else ""
         else:
             r["verdict"] = UNDECIDED
-            _undecided(r, claim, t, alpha / m, power)
+            _undecided(r, claim, t, r["plan"].nominal_level(alpha / m, t["n"]), power)
+        if r.get("arm_note"):
+            r["detail"] = "; ".join(x for x in (r["detail"], r["arm_note"]) if x)
     return m
 
 
