@@ -255,3 +255,19 @@ def test_runs_from_two_folders_of_one_study_keep_its_design_and_two_designs_are_
     (new / "experiment.json").write_text(json.dumps({"name": "s", "size": None, "compare": {**design, "band": [3.0, 3.2]}}))
     with pytest.raises(ConfigError, match="compare differently.*--compare FILE"):
         report(split, tmp_path / "rep", reference="ref")
+
+
+def test_a_compare_table_without_a_band_is_an_error_before_anything_trains(tmp_path):
+    """A study that asks for the comparison design (annealed points, seen targets) but names no band would report the
+    legacy measure without a word: refused when the file is loaded, naming the missing band."""
+    from basecap.config import load_experiment
+    from basecap.config_base import ConfigError
+    from basecap.report.design import load_design
+
+    text = 'name = "x"\nsize = "small"\n[[runs]]\nname = "a"\n[compare]\ntargets = "seen"\npoints = "annealed"\n'
+    (tmp_path / "x.toml").write_text(text)
+    with pytest.raises(ConfigError, match="band is required"):
+        load_experiment(tmp_path / "x.toml")
+    (tmp_path / "c.toml").write_text('[compare]\ntargets = "seen"\n')
+    with pytest.raises(ConfigError, match="band is required"):
+        load_design(tmp_path / "c.toml")

@@ -169,3 +169,15 @@ class CompareConfig(Strict):
         if v is not None and not 0 < v[0] < v[1]:
             raise ValueError(f"band {list(v)}: needs 0 < low < high (in-domain loss, nats/token)")
         return v
+
+    @model_validator(mode="after")
+    def _needs_band(self):
+        # without a band the design has no primary gap and a report would read the legacy measure instead: refuse
+        # before anything trains rather than fall back silently (docs/metrics.md, "The comparison design")
+        if self.band is None:
+            raise ValueError(
+                "band is required: a [compare] table asks for the comparison design, whose primary gap is read in one "
+                "in-domain band fixed before any run trains (e.g. band = [4.0, 4.2]; docs/metrics.md, 'The comparison "
+                "design', says how to choose it); without a [compare] table the study reports the legacy measure"
+            )
+        return self
