@@ -297,3 +297,29 @@ def test_a_study_published_in_part_leaves_its_other_claims_not_run(tmp_path):
     text = readme_results(card, root)
     assert "Published in part, some claims still waiting for their runs: `ablation_temperature`." in text
     assert "`ablation_temperature`" not in next(line for line in text.splitlines() if line.startswith("Not run yet"))
+
+
+VERDICT_WORD = re.compile(r"\*\*(holds|fails|undecided)\*\*")
+
+
+@pytest.mark.parametrize("readme", sorted(glob.glob(str(ROOT / "results/*/README.md"))), ids=lambda p: Path(p).parent.name)
+def test_study_readmes_state_verdicts_only_as_the_scorecard_does(readme, card):
+    """A verdict word in a study README's hand-written text (bold holds / fails / undecided) agrees with scorecard.json:
+    with the claim it names in backticks, or else with a claim the study answers; "does not hold" is not a verdict the
+    scorecard gives (it says fails or undecided)."""
+    study = Path(readme).parent.name
+    verdicts = {r["id"]: r["verdict"] for r in card["claims"]}
+    own = {r["verdict"] for r in card["claims"] if r["results"] == study}
+    bad = []
+    for para in _hand_written(Path(readme)):
+        if para.startswith("|"):  # a table of the study's own report (its own Holm), not a verdict of the project
+            continue
+        if "does not hold" in para:
+            bad.append(para[:120])
+        for sentence in re.split(r"(?<=\.)\s", para):
+            words = VERDICT_WORD.findall(sentence)
+            ids = [i for i in re.findall(r"`([a-z0-9_]+)`", sentence) if i in verdicts]
+            for w in words:
+                if (ids and w not in {verdicts[i] for i in ids}) or (not ids and w not in own):
+                    bad.append(sentence[:160])
+    assert not bad, f"{readme}: verdict words that disagree with the scorecard: {bad}"
