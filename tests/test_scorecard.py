@@ -323,3 +323,15 @@ def test_study_readmes_state_verdicts_only_as_the_scorecard_does(readme, card):
                 if (ids and w not in {verdicts[i] for i in ids}) or (not ids and w not in own):
                     bad.append(sentence[:160])
     assert not bad, f"{readme}: verdict words that disagree with the scorecard: {bad}"
+
+
+def test_gap_along_training_agrees_with_the_band(card):
+    """The gap along training of a pair claim, read at the band's middle, is close to the band's mean gap (the
+    primary estimate), and every level with an interval has at least 2 seeds."""
+    row = next(r for r in card["claims"] if r["id"] == "mamba2_worse")
+    g = row["gap_along_training"]
+    mid = next(p for p in g["points"] if abs(p["level"] - 4.1) < 1e-9)
+    assert mid["n"] == 5 and abs(mid["mean"] - row["test"]["mean"]) < 0.02
+    assert all(p["n"] >= 2 for p in g["points"] if p["ci95"])
+    assert [p["level"] for p in g["points"]] == sorted(p["level"] for p in g["points"])
+    assert next(r for r in card["claims"] if r["id"] == "sharper_softmax_helps").get("gap_along_training") is None  # a trend

@@ -268,6 +268,11 @@ def _cmd_scorecard(args):
         for c in sim["configurations"] + sim["old_rule"]:
             print(f"{c['configuration']:45s} any false verdict {c['any_false']:.4f} (se {c['se']:.4f})")
         card = build_scorecard(root, args.claims)
+    if args.figures:
+        from .scorecard.robust import plot_gap_along_training
+
+        n = plot_gap_along_training(card, root / "results" / "scorecard_gap_vs_level.png")
+        print(f"drew the gap along training of {n} claims: results/scorecard_gap_vs_level.png")
     files = generated_files(card, root)
     if not (args.write_readme or args.check):
         files = {p: t for p, t in files.items() if p.parent == root / "results"}
@@ -293,6 +298,7 @@ def add_scorecard(sub) -> None:
         "--write-readme", action="store_true", help="also regenerate README.md's Results section and each results/<study>/README.md's generated block"
     )
     s.add_argument("--check", action="store_true", help="write nothing; fail when a generated file is out of date")
+    s.add_argument("--figures", action="store_true", help="also draw results/scorecard_gap_vs_level.png (each claim's gap along training)")
     s.add_argument(
         "--simulate",
         type=int,

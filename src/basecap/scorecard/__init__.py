@@ -11,7 +11,7 @@ from ..config_base import ConfigError
 from .claims import CLAIMS_FILE, load_claims
 from .scale import scale_steps
 from .compute import claim_values, comparison_key, lacking_runs, load_study, provenance, scale_of_config, scale_of_run
-from .robust import arms_of, combine, plan_of, specifications
+from .robust import arms_of, combine, gap_along_training, plan_of, specifications
 from .verdicts import NOT_RUN, UNTESTABLE, claim_margin, decide, claim_tests
 
 __all__ = ["build_scorecard", "load_claims"]
@@ -159,6 +159,7 @@ def build_scorecard(root: str | Path = ".", claims_path: str | Path | None = Non
     for r in rows:
         if r["family"] and r.get("test") and r["test"]["n"] >= 2:
             specifications(r, r["claim_obj"], r["study_obj"], claims, r["domains"], claims.alpha)
+            r["gap_along_training"] = gap_along_training(r["claim_obj"], r["study_obj"], r["domains"])
     steps = scale_steps(root, claims, studies, rows)
     for r in rows:
         for k in ("claim_obj", "study_obj", "plan"):

@@ -168,6 +168,7 @@ def scorecard_markdown(card: dict) -> str:
         "it is the claim's own comparison's; each arm's estimate is in \"Robustness\".",
         "",
         *robustness_markdown(card),
+        *along_training_markdown(card),
         *looks_markdown(card),
         "## Reused runs",
         "",
@@ -253,6 +254,37 @@ def robustness_markdown(card: dict) -> list[str]:
             + " | ".join(_spec_cell(by.get(n)) for n in names)
             + " |"
         )
+    return lines + [""]
+
+
+def along_training_markdown(card: dict) -> list[str]:
+    """Where along training each verdict is read: the gap at the highest level every seed reaches, in the band, and
+    at the lowest level at least 2 seeds reach (scorecard.json has every level; the figure draws them)."""
+    rows = [r for r in card["claims"] if r.get("gap_along_training")]
+    if not rows:
+        return []
+    lines = [
+        "## Gap along training",
+        "",
+        "Each pair claim's gap against the matched in-domain level over the whole run (annealed points, the study's "
+        "targets; mean over seeds with a 95% t interval where at least 2 seeds reach the level; `gap_along_training` "
+        "in scorecard.json, drawn in [scorecard_gap_vs_level.png](scorecard_gap_vs_level.png) by `basecap scorecard "
+        "--figures`). A verdict is read in the band; this shows whether the gap lasts as training goes on.",
+        "",
+        "| claim | verdict | early: highest level, gap [95% CI] | the band's middle | late: lowest level, gap [95% CI] |",
+        "|---|---|---|---|---|",
+    ]
+    for r in rows:
+        pts = [p for p in r["gap_along_training"]["points"] if p["ci95"]]
+        if not pts:
+            continue
+        mid = sum(r["gap_along_training"]["band"]) / 2
+        m = min(pts, key=lambda p: abs(p["level"] - mid))
+
+        def cell(p):
+            return f"{p['level']:.2f}: {_n(p['mean'])} {_ci(p['ci95'])} ({p['n']} seeds)"
+
+        lines.append(f"| `{r['id']}` | {r['verdict']} | {cell(pts[-1])} | {cell(m)} | {cell(pts[0])} |")
     return lines + [""]
 
 

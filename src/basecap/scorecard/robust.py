@@ -144,3 +144,106 @@ def specifications(row: dict, claim: Claim, study: Study, claims: ClaimsFile, do
     row["robust"] = not breaks and not missing
     row["breaks"] = breaks
     row["robust_missing"] = missing
+
+
+LEVEL_STEP = 0.05  # the grid of in-domain levels the gap along training is read on
+
+
+def gap_along_training(claim: Claim, study: Study, domains: list[str]) -> dict | None:
+    """A pair claim's gap against the matched in-domain level over the whole of training (annealed points, the
+    study's targets): per level of a 0.05 grid, the mean over the seeds whose pair reaches it, with its 95% t
+    interval where at least 2 do. None for a study without the comparison design or a trend / interaction claim."""
+    import math
+
+    import numpy as np
+    from scipy import stats
+
+    from ..report.design import curves, measures
+
+    design = study.summary.get("design") or {}
+    if not design.get("band") or claim.expect in ("trend", "interaction") or claim.run is None or claim.reference is None:
+        return None
+    reference = claim.reference
+    ms, primary = measures(design)
+    m = next(x for x in ms if x.name == primary)
+    match = design.get("match_domains")
+    seeds: dict[int, list[tuple[np.ndarray, np.ndarray, float, float]]] = {}
+    for (name, seed), r in sorted(study.runs.items(), key=lambda kv: kv[0][1]):
+        ref = study.runs.get((reference, seed))
+        if name != claim.run or ref is None:
+            continue
+        a, b = curves(r, m, domains, match), curves(ref, m, domains, match)
+        if a is None or b is None or any(d not in a.domains or d not in b.domains for d in domains):
+            continue
+        xa, xb = np.asarray(a.in_domain, float), np.asarray(b.in_domain, float)
+        oa, ob = np.argsort(xa, kind="stable"), np.argsort(xb, kind="stable")
+        lo, hi = max(xa.min(), xb.min()), min(xa.max(), xb.max())
+        if lo >= hi:
+            continue
+        ys = [(np.asarray(a.domains[d], float), np.asarray(b.domains[d], float)) for d in domains]
+        seeds[seed] = [(xa[oa], xb[ob], lo, hi)] + [(ya[oa], yb[ob], 0.0, 0.0) for ya, yb in ys]
+    if not seeds:
+        return None
+    lo = min(v[0][2] for v in seeds.values())
+    hi = max(v[0][3] for v in seeds.values())
+    grid = [round(float(x), 2) for x in np.arange(math.ceil(lo / LEVEL_STEP) * LEVEL_STEP, hi + 1e-9, LEVEL_STEP)]
+    points = []
+    for level in grid:
+        vals = []
+        for v in seeds.values():
+            (xa, xb, plo, phi), doms = v[0], v[1:]
+            if plo <= level <= phi:
+                vals.append(float(np.mean([np.interp(level, xa, ya) - np.interp(level, xb, yb) for ya, yb, _, _ in doms])))
+        if not vals:
+            continue
+        mean = math.fsum(vals) / len(vals)
+        ci = None
+        if len(vals) >= 2:
+            sd = float(np.std(vals, ddof=1))
+            half = float(stats.t.ppf(0.975, len(vals) - 1)) * sd / math.sqrt(len(vals))
+            ci = [mean - half, mean + half]
+        points.append({"level": level, "mean": mean, "ci95": ci, "n": len(vals)})
+    return {"band": [float(x) for x in design["band"]], "points": points}
+
+
+def plot_gap_along_training(card: dict, path) -> int:
+    """One panel per claim with a gap along training: the mean gap against the matched level with its 95% band over
+    seeds, the study's band shaded, 0 and the margin marked (higher level = earlier in training, drawn on the left).
+    Returns the number of panels."""
+    import math
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in card["claims"] if r.get("gap_along_training")]
+    if not rows:
+        return 0
+    cols = 4
+    nrows = math.ceil(len(rows) / cols)
+    fig, axes = plt.subplots(nrows, cols, figsize=(4 * cols, 2.6 * nrows), squeeze=False)
+    for ax, r in zip(axes.flat, rows):
+        g = r["gap_along_training"]
+        xs = [p["level"] for p in g["points"]]
+        ax.plot(xs, [p["mean"] for p in g["points"]], color="C0")
+        band_pts = [p for p in g["points"] if p["ci95"]]
+        ax.fill_between([p["level"] for p in band_pts], [p["ci95"][0] for p in band_pts], [p["ci95"][1] for p in band_pts], color="C0", alpha=0.25)
+        ax.axvspan(*g["band"], color="0.85")
+        ax.axhline(0, color="k", lw=0.8)
+        if r["expect"] != "no_effect":
+            ax.axhline(card["margin"] * (1 if (r["expect"] != "better") else -1), color="C3", lw=0.8, ls="--")
+        else:
+            for s in (1, -1):
+                ax.axhline(s * card["margin"], color="C3", lw=0.8, ls="--")
+        ax.invert_xaxis()
+        ax.set_title(f"{r['id']} ({r['verdict']})", fontsize=8)
+        ax.tick_params(labelsize=7)
+    for ax in list(axes.flat)[len(rows) :]:
+        ax.axis("off")
+    fig.supxlabel("matched in-domain loss (training runs left to right)", fontsize=9)
+    fig.supylabel("OOD gap, nats/token", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return len(rows)
