@@ -417,18 +417,7 @@ def format_plan(rows: list[dict], as_json: bool = False) -> str:
             f"  {r['run']:<{w}}{m['model_states']:>7.1f} + {m['comm_buffers']:.1f} + {m['activations']:.1f} + {m['reserve']:.1f}"
             f" = {m['total']:.1f} of {r['gpu_mem_gib']:.0f}   (vocab {r['vocab_size']} from {r['vocab_source']})"
         )
-    branched = [r for r in rows if r.get("branch_steps")]
-    if branched:
-        lines += ["", "cooldown branches (annealed points; counted in tokens and time):"]
-        lines += [
-            f"  {r['run']:<{w}}{'up to ' if r.get('level_forks') else ''}{r['branch_steps']} steps on top of {r['steps']} "
-            f"(+{100 * r['branch_steps'] / r['steps']:.0f}%)"
-            + (f"; forks placed by level: {r['level_forks']}, each counted at the longest a fork can take" if r.get("level_forks") else "")
-            for r in branched
-        ]
-    problems = [(r["run"], i) for r in rows for i in r["issues"]]
-    if problems:
-        lines += ["", "issues:"] + [f"  {run}: {msg}" for run, msg in problems]
+    lines += _branch_and_issue_lines(rows, w)
     lines += [
         "",
         (f"total: {_duration(total_h)} on {r0['gpus']} GPUs ({total_h * r0['gpus']:.3g} GPU-hours), all runs and seeds, evaluation not included"),
@@ -502,6 +491,18 @@ def format_cpu_plan(rows: list[dict]) -> str:
         f"over {r['eval_domains']} domain(s), from the {r['eval_source']}"
         for r in rows
     ]
+    lines += _branch_and_issue_lines(rows, w)
+    runs = sum(r["seeds"] for r in rows)
+    lines += [
+        "",
+        f"total: {_minutes(total_s)} on this CPU for {runs} trainings (all runs and seeds), one after another, training and evaluation included",
+    ]
+    return "\n".join(lines)
+
+
+def _branch_and_issue_lines(rows: list[dict], w: int) -> list[str]:
+    """The plan's lines on cooldown branches and on each run's issues (GPU and CPU plans alike)."""
+    lines: list[str] = []
     branched = [r for r in rows if r.get("branch_steps")]
     if branched:
         lines += ["", "cooldown branches (annealed points; counted in tokens and time):"]
@@ -514,9 +515,4 @@ def format_cpu_plan(rows: list[dict]) -> str:
     problems = [(r["run"], i) for r in rows for i in r["issues"]]
     if problems:
         lines += ["", "issues:"] + [f"  {run}: {msg}" for run, msg in problems]
-    runs = sum(r["seeds"] for r in rows)
-    lines += [
-        "",
-        f"total: {_minutes(total_s)} on this CPU for {runs} trainings (all runs and seeds), one after another, training and evaluation included",
-    ]
-    return "\n".join(lines)
+    return lines
