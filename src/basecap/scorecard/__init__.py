@@ -11,7 +11,7 @@ from ..config_base import ConfigError
 from .claims import CLAIMS_FILE, load_claims
 from .scale import scale_steps
 from .compute import claim_values, comparison_key, lacking_runs, load_study, provenance, scale_of_config, scale_of_run
-from .robust import arms_of, combine, gap_along_training, plan_of, specifications
+from .robust import apply_plan, arms_of, combine, gap_along_training, plan_of, specifications
 from .verdicts import NOT_RUN, UNTESTABLE, claim_margin, decide, claim_tests
 
 __all__ = ["build_scorecard", "load_claims"]
@@ -148,10 +148,8 @@ def build_scorecard(root: str | Path = ".", claims_path: str | Path | None = Non
             scale=scale_of_run(st.runs[next(k for k in got["used"] if k[0] == scale_run)]) if got["used"] else None,
             reused=[{"run": f"{n}-s{s}", "copy_of": copy_of[(folder, f"{n}-s{s}")]} for n, s in got["used"] if (folder, f"{n}-s{s}") in copy_of],
         )
-        t = row["test"] = claim_tests(c, got["values"], claim_margin(c, claims.margin))
         plan = row["plan"] = plan_of(claims, c.study)
-        t["p_holds_plan"], t["plan"] = plan.adjust(t["p_holds"], t["n"])
-        t["p_fails_plan"], _ = plan.adjust(t["p_fails"], t["n"])
+        row["test"] = apply_plan(claim_tests(c, got["values"], claim_margin(c, claims.margin)), plan)
         row["arms"] = arms_of(c, claims, studies, domains)
         row["study_obj"] = st
         combine(row)

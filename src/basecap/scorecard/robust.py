@@ -13,6 +13,12 @@ design, the old design's studies have only their own reading):
 
 from __future__ import annotations
 
+import math
+
+import numpy as np
+from scipy import stats
+
+from ..report.design import curves, measures
 from .claims import Arm, Claim, ClaimsFile
 from .compute import Study, claim_values, lacking_runs, level_band
 from .sequential import Plan
@@ -26,12 +32,17 @@ def plan_of(claims: ClaimsFile, study: str) -> Plan:
     return Plan(tuple(st.looks), st.spending, tuple(st.looks_taken))
 
 
+def apply_plan(t: dict, plan: Plan) -> dict:
+    """``t`` (a claim's tests) with its p values read by the study's plan (``p_holds_plan``, ``p_fails_plan``, ``plan``)."""
+    t["p_holds_plan"], t["plan"] = plan.adjust(t["p_holds"], t["n"])
+    t["p_fails_plan"], _ = plan.adjust(t["p_fails"], t["n"])
+    return t
+
+
 def read(claim: Claim, study: Study, plan: Plan, domains: list[str], margin: float, band=None) -> dict:
     """One specification of a claim: its per-seed values, tests and the p values after the study's plan."""
     got = claim_values(claim, study, domains, band)
-    t = claim_tests(claim, got["values"], claim_margin(claim, margin))
-    t["p_holds_plan"], t["plan"] = plan.adjust(t["p_holds"], t["n"])
-    t["p_fails_plan"], _ = plan.adjust(t["p_fails"], t["n"])
+    t = apply_plan(claim_tests(claim, got["values"], claim_margin(claim, margin)), plan)
     return {"test": t, "seeds": got["seeds"], "values": got["values"], "parts": got["parts"], "used": got["used"]}
 
 
@@ -153,13 +164,6 @@ def gap_along_training(claim: Claim, study: Study, domains: list[str]) -> dict |
     """A pair claim's gap against the matched in-domain level over the whole of training (annealed points, the
     study's targets): per level of a 0.05 grid, the mean over the seeds whose pair reaches it, with its 95% t
     interval where at least 2 do. None for a study without the comparison design or a trend / interaction claim."""
-    import math
-
-    import numpy as np
-    from scipy import stats
-
-    from ..report.design import curves, measures
-
     design = study.summary.get("design") or {}
     if not design.get("band") or claim.expect in ("trend", "interaction") or claim.run is None or claim.reference is None:
         return None
@@ -210,9 +214,7 @@ def plot_gap_along_training(card: dict, path) -> int:
     """One panel per claim with a gap along training: the mean gap against the matched level with its 95% band over
     seeds, the study's band shaded, 0 and the margin marked (higher level = earlier in training, drawn on the left).
     Returns the number of panels."""
-    import math
-
-    import matplotlib
+    import matplotlib  # only for the figure
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
