@@ -3,9 +3,11 @@ the mixed-domain control matched on the limited setting's training domain and te
 has a known answer built into synthetic run records."""
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
+from scipy import stats
 
 from basecap.report import report
 from basecap.report.stats import matched_endpoints
@@ -271,3 +273,38 @@ def test_a_compare_table_without_a_band_is_an_error_before_anything_trains(tmp_p
     (tmp_path / "c.toml").write_text('[compare]\ntargets = "seen"\n')
     with pytest.raises(ConfigError, match="band is required"):
         load_design(tmp_path / "c.toml")
+
+
+def _fake_run(name: str, seed: int, points: list[tuple[int, float, float]], steps: int = 100):
+    """A run whose annealed points are (fork step, in-domain loss, docs loss on every target); the last is its end."""
+    from basecap.report.runs import Run
+
+    recs = [{"step": s, "end_step": s + max(1, s // 5), "in_domain_loss": x, "domains": {"docs": {"loss": y}}} for s, x, y in points]
+    end = dict(recs[-1], step=steps)
+    return Run(Path("."), f"{name}-s{seed}", name, seed, {"config": {"train": {"steps": steps}}}, [], [end], recs[:-1])
+
+
+def test_gap_curves_known_answers():
+    """The gap along training: a constant offset gives that offset at every level and fraction, with a zero-width
+    band when every seed agrees; the band is the t interval over seeds; no extrapolation beyond a pair's range."""
+    from basecap.report.design import Measure, gap_curve, gap_fraction_curve
+
+    m = Measure("annealed_all", "annealed", "all", True)
+    design = {"band": [4.0, 4.2]}
+    ref_pts = [(10, 5.0, 6.0), (30, 4.5, 5.5), (60, 4.0, 5.0), (100, 3.5, 4.5)]
+    pairs = []
+    for seed, off in enumerate([0.1, 0.2, 0.3]):  # OOD = in-domain + 1 + off for the run, + 1 for the reference
+        run = _fake_run("arch", seed, [(s, x, x + 1 + off) for s, x, _ in ref_pts])
+        pairs.append((run, _fake_run("ref", seed, ref_pts)))
+    c = gap_curve(pairs, m, design, "docs")
+    assert c is not None and np.allclose(c.mean, 0.2) and (c.n == 3).all()
+    half = stats.t.ppf(0.975, 2) * 0.1 / np.sqrt(3)
+    assert np.allclose(c.lo, 0.2 - half) and np.allclose(c.hi, 0.2 + half)
+    f = gap_fraction_curve(pairs, m, design, "docs")
+    assert f is not None and f.x[0] == pytest.approx(0.1) and f.x[-1] == 1.0 and np.allclose(f.mean, 0.2)
+    # a run that stops at 4.5 has no gap below it: NaN there, not an extrapolation
+    short = [(_fake_run("arch", 0, [(10, 5.0, 6.1), (30, 4.5, 5.6)]), _fake_run("ref", 0, ref_pts))]
+    c = gap_curve(short, m, design, "docs")
+    assert c is not None and c.x.min() == pytest.approx(4.5) and np.allclose(c.mean, 0.1) and np.isnan(c.lo).all()
+    f = gap_fraction_curve(short, m, design, "docs")
+    assert f is not None and np.allclose(f.mean[f.x <= 0.3], 0.1) and np.isnan(f.mean[f.x > 0.31]).all()

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import cast
 
 import numpy as np
+from scipy import stats as sps
 
 from ..rundir import matched_loss
 from .runs import Run
@@ -137,32 +138,97 @@ def measure_comparisons(pairs: list[tuple[Run, Run]], m: Measure, design: dict, 
     return comps
 
 
-def gap_curve(pairs: list[tuple[Run, Run]], m: Measure, design: dict, domain: str) -> tuple[np.ndarray, np.ndarray] | None:
-    """(in-domain level, mean gap over the seeds that reach it) on a grid over the levels any pair shares:
-    the gap against the matched level, for the report's figure."""
+@dataclass(frozen=True)
+class GapCurve:
+    """A comparison's gap on a grid of ``x`` (matched in-domain level, or fraction of training): the mean over the
+    seeds whose pair reaches each x, its 95% t interval where at least 2 do (NaN elsewhere), and that count."""
+
+    x: np.ndarray
+    mean: np.ndarray
+    lo: np.ndarray
+    hi: np.ndarray
+    n: np.ndarray
+
+
+def _seed_band(x: np.ndarray, rows: list[np.ndarray]) -> GapCurve | None:
+    if not rows:
+        return None
+    stack = np.vstack(rows)
+    n = (~np.isnan(stack)).sum(axis=0)  # seeds that reach each x; an x none reaches stays NaN (not drawn)
+    mean = np.where(n > 0, np.nansum(stack, axis=0) / np.maximum(n, 1), np.nan)
+    lo, hi = np.full_like(mean, np.nan), np.full_like(mean, np.nan)
+    for k in np.flatnonzero(n >= 2):
+        v = stack[:, k][~np.isnan(stack[:, k])]
+        half = float(sps.t.ppf(0.975, len(v) - 1)) * float(np.std(v, ddof=1)) / np.sqrt(len(v))
+        lo[k], hi[k] = mean[k] - half, mean[k] + half
+    return GapCurve(x, mean, lo, hi, n)
+
+
+def _pair_curves(
+    pairs: list[tuple[Run, Run]], m: Measure, design: dict, domain: str
+) -> list[tuple[Run, np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
+    """Per seed pair: (reference run, then the run's and the reference's level and loss on ``domain``, each sorted by
+    level) for the pairs whose records hold the measure."""
     match = design.get("match_domains")
-    per_seed = []
+    out = []
     for r, f in pairs:
         a, b = curves(r, m, [domain], match), curves(f, m, [domain], match)
         if a is None or b is None or domain not in a.domains or domain not in b.domains:
             continue
         xa, ya, xb, yb = (np.asarray(v, float) for v in (a.in_domain, a.domains[domain], b.in_domain, b.domains[domain]))
-        lo, hi = max(xa.min(), xb.min()), min(xa.max(), xb.max())
-        if lo < hi:
-            per_seed.append((lo, hi, xa, ya, xb, yb))
-    if not per_seed:
-        return None
-    lo, hi = min(p[0] for p in per_seed), max(p[1] for p in per_seed)
-    grid = np.linspace(lo, hi, GRID)
-    rows = []
-    for plo, phi, xa, ya, xb, yb in per_seed:
         oa, ob = np.argsort(xa, kind="stable"), np.argsort(xb, kind="stable")
-        g = np.interp(grid, xa[oa], ya[oa]) - np.interp(grid, xb[ob], yb[ob])
-        g[(grid < plo) | (grid > phi)] = np.nan  # no extrapolation beyond a pair's common range
-        rows.append(g)
-    stack = np.vstack(rows)
-    n = (~np.isnan(stack)).sum(axis=0)  # seeds that reach each level; a level none reaches stays NaN (not drawn)
-    return grid, np.where(n > 0, np.nansum(stack, axis=0) / np.maximum(n, 1), np.nan)
+        out.append((f, xa[oa], ya[oa], xb[ob], yb[ob]))
+    return out
+
+
+def _gap_at(level: np.ndarray, xa, ya, xb, yb) -> np.ndarray:
+    """The run's loss minus the reference's at each matched level, NaN outside the pair's common range (no
+    extrapolation)."""
+    g = np.interp(level, xa, ya) - np.interp(level, xb, yb)
+    lo, hi = max(xa.min(), xb.min()), min(xa.max(), xb.max())
+    return np.where((level < lo) | (level > hi) | np.isnan(level), np.nan, g)
+
+
+def gap_curve(pairs: list[tuple[Run, Run]], m: Measure, design: dict, domain: str) -> GapCurve | None:
+    """The gap against the matched in-domain level, on a grid over the levels any pair shares, with its band over
+    seeds: for the report's figure and the scorecard's gap along training."""
+    per = [p for p in _pair_curves(pairs, m, design, domain) if max(p[1].min(), p[3].min()) < min(p[1].max(), p[3].max())]
+    if not per:
+        return None
+    lo = min(max(xa.min(), xb.min()) for _, xa, _, xb, _ in per)
+    hi = max(min(xa.max(), xb.max()) for _, xa, _, xb, _ in per)
+    grid = np.linspace(lo, hi, GRID)
+    return _seed_band(grid, [_gap_at(grid, xa, ya, xb, yb) for _, xa, ya, xb, yb in per])
+
+
+def fork_fractions(run: Run) -> tuple[np.ndarray, np.ndarray]:
+    """(fraction of training, in-domain loss) of the run's annealed points, by fork step: a branch forked at step s
+    of a T-step run is at s / T (its cooldown is extra), the run's own end at 1."""
+    recs = annealed_records(run)
+    steps = float(((run.info.get("config") or {}).get("train") or {}).get("steps") or recs[-1]["step"])
+    fr = np.asarray([min(r["step"], steps) / steps for r in recs], float)
+    x = np.asarray([r["in_domain_loss"] for r in recs], float)
+    o = np.argsort(fr, kind="stable")
+    return fr[o], x[o]
+
+
+def gap_fraction_curve(pairs: list[tuple[Run, Run]], m: Measure, design: dict, domain: str) -> GapCurve | None:
+    """The gap against the fraction of training: at fraction f, the matched-level gap at the level the reference's
+    annealed point reaches at f of its training (interpolated between its forks), with its band over seeds. Two
+    sizes or two training lengths line up on this axis by position in training rather than by level. Annealed
+    points only (an evaluation curve has no annealed level to read)."""
+    if m.points != "annealed" or design.get("match_domains"):
+        return None
+    per = _pair_curves(pairs, m, design, domain)
+    if not per:
+        return None
+    fracs = [fork_fractions(f) for f, *_ in per]
+    grid = np.linspace(min(fr.min() for fr, _ in fracs), 1.0, GRID)
+    rows = []
+    for (_, xa, ya, xb, yb), (fr, lvl) in zip(per, fracs):
+        level = np.where((grid < fr.min()) | (grid > fr.max()), np.nan, np.interp(grid, fr, lvl))
+        rows.append(_gap_at(level, xa, ya, xb, yb))
+    return _seed_band(grid, rows)
 
 
 RULE_STEP = 0.05  # a band moved by the rule starts on a multiple of this

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .design import RULE_STEP, gap_curve, measures
+from .design import RULE_STEP, gap_curve, gap_fraction_curve, measures
 
 MEASURE_WORDS = {
     "legacy": "evaluations, every target, lowest 30% of each pair's range (the old design)",
@@ -168,8 +168,9 @@ def _strata_table(shares: dict) -> list[str]:
 
 
 def gap_level_plot(runs, summary: dict, out: Path, colors: dict, pairs) -> list[Path]:
-    """OOD gap of each run against the reference as a function of the matched in-domain level (primary measure, mean
-    over the seeds that reach each level), the band shaded."""
+    """OOD gap of each run against the reference (primary measure) as a function of the matched in-domain level (top
+    row) and of the fraction of training (bottom row, annealed designs: the level the reference reaches there), the
+    mean over the seeds that reach each x with its 95% band over seeds, the band of levels shaded."""
     import matplotlib.pyplot as plt
 
     design = summary["design"]
@@ -177,26 +178,41 @@ def gap_level_plot(runs, summary: dict, out: Path, colors: dict, pairs) -> list[
     doms = list(dict.fromkeys(c["domain"] for c in summary["comparisons"] if not c.get("in_domain_here")))
     if not doms:
         return []
-    fig, axes = plt.subplots(1, len(doms), figsize=(4.6 * len(doms) + 1.6, 3.6), squeeze=False)
     names = list(dict.fromkeys(r.name for r, _ in pairs))
-    for ax, d in zip(axes[0], doms):
+    by_name = {name: [(r, f) for r, f in pairs if r.name == name] for name in names}
+    fractions = {(name, d): gap_fraction_curve(by_name[name], m, design, d) for name in names for d in doms}
+    rows = 2 if any(c is not None for c in fractions.values()) else 1
+    width = 4.6 * len(doms) + 1.6
+    fig, axes = plt.subplots(rows, len(doms), figsize=(width, 3.4 * rows), squeeze=False)
+    refs = " / ".join(summary["references"])
+    for k, d in enumerate(doms):
+        ax = axes[0][k]
         for name in names:
-            curve = gap_curve([(r, f) for r, f in pairs if r.name == name], m, design, d)
-            if curve is not None:
-                ax.plot(curve[0], curve[1], lw=1.3, color=colors.get(name), label=name)
+            _draw(ax, gap_curve(by_name[name], m, design, d), colors.get(name), name)
         ax.axvspan(design["band"][0], design["band"][1], color="0.85", zorder=0)
         ax.axhline(0, color="0.4", lw=0.8)
         ax.invert_xaxis()
-        ax.set(
-            xlabel="matched in-domain loss",
-            ylabel=f"{d}: gap to {' / '.join(summary['references'])} (nats/token)",
-            title=d,
-        )
+        ax.set(xlabel="matched in-domain loss", ylabel=f"{d}: gap to {refs} (nats/token)", title=d)
+        if rows == 2:
+            ax = axes[1][k]
+            for name in names:
+                _draw(ax, fractions[(name, d)], colors.get(name), name)
+            ax.axhline(0, color="0.4", lw=0.8)
+            ax.set(xlabel="fraction of training (the reference's level there)", ylabel=f"{d}: gap (nats/token)", xlim=(0, 1))
     handles, labels = axes[0][0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="center right", fontsize=7, frameon=False)
-    fig.suptitle(f"OOD gap against the matched level ({design['primary']}; band shaded; above 0 = worse OOD)", fontsize=10)
-    fig.tight_layout(rect=(0, 0, 1 - 1.6 / (4.6 * len(doms) + 1.6), 1))
+    fig.suptitle(
+        f"OOD gap along training ({design['primary']}; mean and 95% band over seeds; band of levels shaded; above 0 = worse OOD)", fontsize=10
+    )
+    fig.tight_layout(rect=(0, 0, 1 - 1.6 / width, 1))
     path = out / "gap_vs_level.png"
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return [path]
+
+
+def _draw(ax, c, color, label) -> None:
+    if c is None:
+        return
+    ax.plot(c.x, c.mean, lw=1.3, color=color, label=label)
+    ax.fill_between(c.x, c.lo, c.hi, color=color, alpha=0.18, lw=0)
