@@ -24,6 +24,31 @@ Beta = Annotated[float, Field(ge=0, lt=1)]
 Logger = Literal["jsonl", "tensorboard", "wandb"]
 
 
+RetrievalTask = Literal["passkey", "niah"]
+
+
+def _every_retrieval_task() -> list[RetrievalTask]:
+    return ["passkey", "niah"]
+
+
+class RetrievalMix(Strict):
+    """``data.retrieval``: a share of the training sequences replaced by the long-context retrieval prompts the
+    ``passkey`` and ``niah`` suites test, each with its answer and filling one window (``data/retrieval.py``)."""
+
+    fraction: float = Field(gt=0, le=1, description="share of each step's sequences that are retrieval prompts (rounded half up, at least one)")
+    tasks: list[RetrievalTask] = Field(default_factory=_every_retrieval_task, min_length=1, description="prompt kinds, drawn uniformly per sequence")
+    haystack_domain: str | None = Field(
+        None, description="domain whose training split fills the niah haystack (default: the first domain with a training weight)"
+    )
+
+    @field_validator("tasks")
+    @classmethod
+    def _unique(cls, v):
+        if len(set(v)) != len(v):
+            raise ValueError(f"repeated tasks: {v}")
+        return v
+
+
 class DataConfig(Strict):
     recipe: str = Field("default", description="built-in recipe name or path to a recipe TOML")
     train_weights: dict[str, float] = Field(
@@ -31,6 +56,9 @@ class DataConfig(Strict):
     )
     eval_domains: list[str] | None = Field(None, description="domains evaluated; default: every domain of the corpus")
     seq_len: int = Field(256, gt=1, le=MAX_SEQ_LEN)
+    retrieval: RetrievalMix | None = Field(
+        None, description="mix retrieval prompts (passkey, single needle) with their answers into training: { fraction, tasks, haystack_domain }"
+    )
 
     @field_validator("train_weights")
     @classmethod

@@ -223,6 +223,7 @@ def _setup(cfg: RunConfig, rd: RunDir, env: DistEnv, device, amp_dtype, corpus, 
         seed=cfg.train_seed,
         rank=env.rank,
         world_size=env.world_size,
+        retrieval=cfg.data.retrieval,
     )
     evaluator = DomainEvaluator(
         corpus,

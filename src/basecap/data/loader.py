@@ -17,6 +17,7 @@ import torch
 
 from ..config_base import ConfigError
 from .corpus import Corpus
+from .retrieval import RetrievalSequences
 
 
 def check_domains(fields: dict[str, Iterable[str]], known: Sequence[str], source: str = "corpus") -> None:
@@ -29,7 +30,9 @@ def check_domains(fields: dict[str, Iterable[str]], known: Sequence[str], source
 
 
 class TrainBatches:
-    """Windows of ``seq_len + 1`` tokens from the train splits, domains drawn by ``weights``."""
+    """Windows of ``seq_len + 1`` tokens from the train splits, domains drawn by ``weights``. With ``retrieval``
+    (``data.retrieval``: fraction, tasks, haystack_domain) some rows of every step are retrieval prompts with their
+    answers instead (``data/retrieval.py``)."""
 
     def __init__(
         self,
@@ -41,6 +44,7 @@ class TrainBatches:
         rank: int = 0,
         world_size: int = 1,
         split: str = "train",
+        retrieval=None,
     ):
         check_domains({"training weights": weights}, corpus.domains)
         bad = {d: w for d, w in weights.items() if not (isinstance(w, numbers.Real) and 0 <= w < float("inf"))}
@@ -62,6 +66,10 @@ class TrainBatches:
         self.max_start = np.array([len(s) - seq_len - 1 for s in self.shards], dtype=np.int64)
         self.seq_len, self.batch_size, self.seed = seq_len, batch_size, seed
         self.rank, self.world_size = rank, world_size
+        self.retrieval = None
+        if retrieval is not None:
+            domain = retrieval.haystack_domain or self.domains[0]
+            self.retrieval = RetrievalSequences(corpus, retrieval.fraction, retrieval.tasks, domain, seq_len, seed)
 
     def windows(self, step: int) -> tuple[np.ndarray, np.ndarray]:
         """(domain index, start) of this rank's windows for ``step``."""
@@ -78,7 +86,13 @@ class TrainBatches:
             raise ValueError(f"step must be >= 0, got {step}")
         dom, start = self.windows(step)
         T = self.seq_len
-        w = torch.from_numpy(np.stack([np.asarray(self.shards[d][s : s + T + 1], dtype=np.int64) for d, s in zip(dom, start)]))
+        rows = [np.asarray(self.shards[d][s : s + T + 1], dtype=np.int64) for d, s in zip(dom, start)]
+        if self.retrieval is not None:
+            first = self.rank * self.batch_size
+            for r in self.retrieval.rows(step, self.batch_size * self.world_size):
+                if first <= r < first + self.batch_size:
+                    rows[r - first] = self.retrieval.window(step, int(r))
+        w = torch.from_numpy(np.stack(rows))
         return w[:, :-1], w[:, 1:]
 
 

@@ -10,12 +10,12 @@
 from __future__ import annotations
 
 import random
-import re
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from ..data.retrieval import corpus_sentences  # held-out sentences for the haystack (training mixes in the same prompts)
 from ..data.synthetic import fill_prompt, niah_parts, noise_sentences, passkey_parts
 from .recall import answer_contained
 
@@ -23,22 +23,6 @@ from .recall import answer_contained
 def default_lengths(subject) -> list[int]:
     s = subject.seq_len
     return [s // 2, s, 2 * s]
-
-
-def corpus_sentences(corpus, domain: str, split: str, seed: int, window: int = 4096):
-    """Endless sentences of held-out corpus text, read in decoded windows from a seeded offset."""
-    toks = corpus.tokens(domain, split)
-    if len(toks) < 16:
-        raise ValueError(f"corpus {domain}/{split} is too small for a haystack")
-    pos = random.Random(seed).randrange(len(toks))
-    while True:
-        chunk = np.asarray(toks[pos : pos + window])
-        pos = (pos + window) % max(1, len(toks) - 1)
-        text = corpus.tokenizer.decode([int(t) for t in chunk if int(t) != corpus.eot_id])
-        for s in re.split(r"(?<=[.!?])\s+|\n+", text)[1:-1]:
-            s = s.strip()
-            if s:
-                yield s
 
 
 def heatmap(grid: dict, lengths: list[int], depths: list[float], title: str, path: Path) -> Path:
