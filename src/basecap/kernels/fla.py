@@ -8,9 +8,11 @@ and conventions, calls one fla op, and maps the results back, so it is a drop-in
     Mamba-2        ops.ssm.ssd_chunked              fla.ops.simple_gla.chunk_simple_gla
     DeltaNet       ops.delta_rule.delta_rule_chunked fla.ops.delta_rule.chunk_delta_rule
     Gated DeltaNet ops.delta_rule.delta_rule_chunked fla.ops.gated_delta_rule.chunk_gated_delta_rule
+    KDA            mixers.kda.kda_chunked            fla.ops.kda.chunk_kda
     RWKV-6         ops.wkv.wkv6_chunked              fla.ops.rwkv6.chunk_rwkv6
     RWKV-7         ops.wkv.wkv7_chunked              fla.ops.rwkv7.chunk_rwkv7 (the DPLR delta rule)
     Based (linear) ops.linear_attn (+ normaliser)    fla.ops.based.parallel_based
+    FoX            mixers.forgetting_attn (masked)  fla.ops.forgetting_attn.parallel_forgetting_attn
 
 The ``*_inputs`` functions hold the whole convention mapping (layout, scale, decay sign, state layout,
 dtypes) as plain PyTorch, so CPU tests check them against fla's own pure-PyTorch references. The
@@ -187,6 +189,45 @@ def delta_rule(
     return o.transpose(1, 2).to(v.dtype), S
 
 
+# ---- Kimi Delta Attention (KDA) ----------------------------------------------------------------------
+
+
+def kda_inputs(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor, state: Tensor | None = None) -> dict:
+    """``chunk_kda`` arguments for ``kda_chunked(q, k, g [B,H,T,K], v [B,H,T,V], beta [B,H,T], state [B,H,K,V])``.
+
+    The same recurrence S_t = (I - beta_t k_t k_t^T) Diag(exp(g_t)) S_{t-1} + beta_t k_t v_t^T, the same
+    key x value state and default scale K^-1/2; fla wants time-major ``[B, T, H, *]``. We compute the
+    per-channel log decay g (<= 0) and beta (after the sigmoid) ourselves, so the kernel's gate, beta
+    sigmoid and L2 norm stay off; g and the state go in fp32 (the op asserts an fp32 state), q/k/v and
+    beta in 16-bit as for the gated delta rule (fla documents ``chunk_kda`` with bf16 inputs)."""
+    if q.shape[-1] > DELTA_MAX_HEAD_DIM:
+        raise ConfigError(f"kda.head_dim: impl='fast' (fla chunk_kda) supports head_dim <= {DELTA_MAX_HEAD_DIM}, got {q.shape[-1]}; use impl='chunked'")
+    dtype = compute_dtype(q, fp32_ok=False)
+    return dict(
+        q=_btd(q, dtype),
+        k=_btd(k, dtype),
+        v=_btd(v, dtype),
+        g=_btd(g, torch.float32),
+        beta=beta.transpose(1, 2).to(dtype).contiguous(),
+        initial_state=_state(state),
+        output_final_state=state is not None,
+        use_qk_l2norm_in_kernel=False,
+        use_gate_in_kernel=False,
+        use_beta_sigmoid_in_kernel=False,
+    )
+
+
+def kda(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor, state: Tensor | None = None, *, op=None) -> tuple[Tensor, Tensor | None]:
+    """Drop-in for ``mixers.kda.kda_chunked`` (default scale): ``o [B,H,T,V]`` and the final state (only
+    when ``state`` is given). ``op`` as in :func:`ssd`."""
+    if op is None:
+        from fla.ops.kda import chunk_kda
+
+        op = chunk_kda
+    o, S = op(**kda_inputs(q, k, v, beta, g, state))
+    return o.transpose(1, 2).to(v.dtype), S
+
+
 # ---- RWKV-6 ---------------------------------------------------------------------------------------
 
 
@@ -288,3 +329,32 @@ def based_linear(q: Tensor, k: Tensor, v: Tensor, *, op=None) -> Tensor:
 
         op = parallel_based
     return op(**based_inputs(q, k, v)).transpose(1, 2).to(v.dtype)
+
+
+# ---- Forgetting Transformer (FoX) -------------------------------------------------------------------
+
+FOX_MAX_HEAD_DIM = 256  # parallel_attn asserts K <= 256 (one key block)
+
+
+def forgetting_attn_inputs(q: Tensor, k: Tensor, v: Tensor, log_f: Tensor, scale: float) -> dict:
+    """``parallel_forgetting_attn`` arguments for FoX's attention, ``q, k, v [B,H,T,D]``, ``log_f [B,H,T]``.
+
+    fla's kernel adds sum_{l=j+1..i} g_l to logit_ij with g the per-step log forget gate (<= 0), exactly our
+    bias; it takes the gates themselves (it forms the cumulative sums), time-major, in fp32. Our scale is
+    passed as is (fla's default D^-1/2 is the same). No cache: training only."""
+    if q.shape[-1] > FOX_MAX_HEAD_DIM:
+        raise ConfigError(
+            f"forgetting_attn.head_dim: impl='fast' (fla parallel_forgetting_attn) supports head_dim <= {FOX_MAX_HEAD_DIM}, "
+            f"got {q.shape[-1]}; use impl='chunked'"
+        )
+    dtype = compute_dtype(q)
+    return dict(q=_btd(q, dtype), k=_btd(k, dtype), v=_btd(v, dtype), g=log_f.transpose(1, 2).float().contiguous(), scale=scale)
+
+
+def forgetting_attn(q: Tensor, k: Tensor, v: Tensor, log_f: Tensor, scale: float, *, op=None) -> Tensor:
+    """Forgetting attention, ``o [B,H,T,D]``; no state in or out. ``op`` as in :func:`ssd`."""
+    if op is None:
+        from fla.ops.forgetting_attn import parallel_forgetting_attn
+
+        op = parallel_forgetting_attn
+    return op(**forgetting_attn_inputs(q, k, v, log_f, scale)).transpose(1, 2).to(v.dtype)
