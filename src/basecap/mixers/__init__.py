@@ -27,6 +27,7 @@ _MIXERS: dict[str, str] = {
     "rwkv5": "rwkv5:RWKV5",
     "rwkv6": "rwkv6:RWKV6",
     "rwkv7": "rwkv7:RWKV7",
+    "forgetting_attn": "forgetting_attn:ForgettingAttn",
 }
 
 # feed-forward blocks: registry name -> "module:Class"
