@@ -201,7 +201,9 @@ def kda_inputs(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor, state: 
     sigmoid and L2 norm stay off; g and the state go in fp32 (the op asserts an fp32 state), q/k/v and
     beta in 16-bit as for the gated delta rule (fla documents ``chunk_kda`` with bf16 inputs)."""
     if q.shape[-1] > DELTA_MAX_HEAD_DIM:
-        raise ConfigError(f"kda.head_dim: impl='fast' (fla chunk_kda) supports head_dim <= {DELTA_MAX_HEAD_DIM}, got {q.shape[-1]}; use impl='chunked'")
+        raise ConfigError(
+            f"kda.head_dim: impl='fast' (fla chunk_kda) supports head_dim <= {DELTA_MAX_HEAD_DIM}, got {q.shape[-1]}; use impl='chunked'"
+        )
     dtype = compute_dtype(q, fp32_ok=False)
     return dict(
         q=_btd(q, dtype),

@@ -21,6 +21,7 @@ _MIXERS: dict[str, str] = {
     "mamba2": "mamba2:Mamba2",
     "deltanet": "deltanet:DeltaNet",
     "gated_deltanet": "gated_deltanet:GatedDeltaNet",
+    "kda": "kda:KDA",
     "based": "based:Based",
     "top1_element": "top1_element:Top1Element",
     "top1_chunk": "top1_chunk:Top1Chunk",
