@@ -202,6 +202,22 @@ def parallel_based(q, k, v, scale=None, use_norm=True):
     return o.transpose(1, 2).to(q.dtype)
 
 
+def parallel_forgetting_attn(q, k, v, g, scale=None, window_size=None, cu_seqlens=None):
+    """``fla.ops.forgetting_attn.parallel_forgetting_attn``: causal softmax attention whose logit_ij gets
+    sum_{l=j+1..i} g_l (g the per-step log forget gate, ``[B, T, HQ]``), time-major, no state."""
+    _check_common({}, cu_seqlens)
+    B, T, HQ, K = q.shape
+    assert k.shape[:2] == (B, T) and v.shape[:3] == k.shape[:3], "q, k, v time-major with one length"
+    if k.shape[2] == 0 or HQ % k.shape[2] != 0:
+        raise ValueError(f"The number of query heads ({HQ}) must be divisible by the number of key/value heads ({k.shape[2]}).")
+    _check_layout(g, heads_from=q)
+    assert K <= 256, "The key dimension can not be larger than 256"
+    scale = K**-0.5 if scale is None else scale
+    with _no_autocast(q):
+        o = _naive("forgetting_attn/naive.py").naive_forgetting_attn(q, k, v, g, scale=scale, window_size=window_size)
+    return o.to(q.dtype)
+
+
 # module under fla.ops -> (the stand-in, where the real op is defined, relative to fla/ops)
 STAND_INS = {
     "simple_gla": (chunk_simple_gla, "simple_gla/chunk.py"),
@@ -210,6 +226,7 @@ STAND_INS = {
     "rwkv6": (chunk_rwkv6, "rwkv6/chunk.py"),
     "rwkv7": (chunk_rwkv7, "rwkv7/chunk.py"),
     "based": (parallel_based, "based/parallel.py"),
+    "forgetting_attn": (parallel_forgetting_attn, "forgetting_attn/parallel.py"),
 }
 
 
@@ -218,7 +235,8 @@ def install_stand_ins(monkeypatch):
     list of calls (op name, ``initial_state is None``, ``output_final_state``), then clears the cached import
     check (a generator for a fixture to ``yield from``; ``monkeypatch`` undoes the rest)."""
     for relpath in ("simple_gla/naive.py", "delta_rule/naive.py", "gated_delta_rule/naive.py",
-                    "rwkv6/recurrent_naive.py", "generalized_delta_rule/dplr/naive.py", "based/naive.py"):
+                    "rwkv6/recurrent_naive.py", "generalized_delta_rule/dplr/naive.py", "based/naive.py",
+                    "forgetting_attn/naive.py"):
         _naive(relpath)  # skips the test where fla (or einops) is not installed
     calls: list[tuple[str, bool, bool]] = []
     fla = types.ModuleType("fla")

@@ -68,7 +68,10 @@ def fla_mixers() -> list[str]:
 
 
 KERNEL_OF = {"mamba2": "chunk_simple_gla", "deltanet": "chunk_delta_rule", "gated_deltanet": "chunk_gated_delta_rule",
-             "rwkv6": "chunk_rwkv6", "rwkv7": "chunk_rwkv7", "based": "parallel_based"}
+             "rwkv6": "chunk_rwkv6", "rwkv7": "chunk_rwkv7", "based": "parallel_based",
+             "forgetting_attn": "parallel_forgetting_attn"}
+# kernels that take no state: with a state (prefill, decode) these mixers run their chunked form, no kernel call
+STATELESS_KERNELS = {"based", "forgetting_attn"}
 # (mixer, test variant, precision): "kernel" runs the adapters' own dtypes, "exact" keeps the 16-bit kernels in fp32
 CASES = [(name, i, precision) for name in fla_mixers() for i in range(len(mixer_class(name).test_variants))
          for precision in (("kernel", "exact") if name in BF16_KERNELS else ("kernel",))]
@@ -206,11 +209,11 @@ def test_fast_training_branch_matches_chunked(emulated_fla, monkeypatch, name, v
 @pytest.mark.parametrize("name,variant,precision", CASES, ids=CASE_IDS)
 def test_fast_state_branch_matches_chunked(emulated_fla, monkeypatch, name, variant, precision):
     """Prefill + decode from a non-zero state: the kernel gets the state and returns the new one at every
-    call. Based's linear branch runs its chunked form whenever a state is passed (no kernel call)."""
+    call. Based's linear branch and FoX run their chunked form whenever a state is passed (no kernel call)."""
     tol = _set_precision(monkeypatch, name, precision)
     ref, fast = _pair(name, variant)
     _check(state_errors(ref, fast), *tol, f"{name} variant {variant} {precision}")
-    assert emulated_fla == ([] if name == "based" else [(KERNEL_OF[name], False, True)] * 4), emulated_fla
+    assert emulated_fla == ([] if name in STATELESS_KERNELS else [(KERNEL_OF[name], False, True)] * 4), emulated_fla
 
 
 @pytest.mark.parametrize("name", sorted(KERNEL_OF))
@@ -249,12 +252,17 @@ def _based_scale_one(kw):
     kw["scale"] = 1.0
 
 
+def _fox_gates_summed(kw):
+    kw["g"] = kw["g"].cumsum(1)  # the cumulative log forget instead of the per-step gates the op sums itself
+
+
 MUTATIONS = {  # mixer -> (adapter input builder, change, branch)
     "mamba2": ("ssd_inputs", _drop_scale, "training"),
     "deltanet": ("delta_rule_inputs", _state_transposed, "state"),
     "rwkv6": ("wkv6_inputs", _drop_scale, "training"),
     "rwkv7": ("wkv7_inputs", _a_b_swapped, "training"),
     "based": ("based_inputs", _based_scale_one, "training"),
+    "forgetting_attn": ("forgetting_attn_inputs", _fox_gates_summed, "training"),
 }
 
 
