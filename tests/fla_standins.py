@@ -146,6 +146,50 @@ def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, out
     return o.to(q.dtype), _state_out(S, output_final_state)
 
 
+def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False, use_qk_l2norm_in_kernel=False,
+              use_gate_in_kernel=False, use_beta_sigmoid_in_kernel=False, allow_neg_eigval=False, safe_gate=False,
+              lower_bound=None, disable_recompute=False, return_intermediate_states=False, state_v_first=False,
+              cu_seqlens=None, cu_seqlens_cpu=None, cp_context=None, use_graph=False, max_num_seqs=None, **kwargs):
+    """``fla.ops.kda.chunk_kda``: S_t = (I - beta_t k_t k_t^T) Diag(exp(g_t)) S_{t-1} + beta_t k_t v_t^T,
+    o_t = scale S_t^T q_t, g the per-channel log decay ``[B, T, H, K]`` (one value head per key head here)."""
+    _check_common(kwargs, cu_seqlens)
+    assert cp_context is None and not use_graph and not return_intermediate_states
+    dtype = q.dtype
+    if initial_state is not None:
+        assert initial_state.dtype == torch.float32, "initial_state must be in float32."
+    A_log, dt_bias = kwargs.pop("A_log", None), kwargs.pop("dt_bias", None)
+    if use_gate_in_kernel and A_log is None and lower_bound is None:
+        raise ValueError("`A_log` must be provided when `use_gate_in_kernel=True` and `lower_bound` is not set.")
+    if kwargs.pop("chunk_size", 64) not in (32, 64):
+        raise ValueError("`chunk_size` must be either 32 or 64 for KDA")
+    if safe_gate and use_gate_in_kernel and (lower_bound is None or not -5 <= lower_bound < 0):
+        raise ValueError("`lower_bound` must be in the safe range [-5, 0) when `safe_gate=True` and `use_gate_in_kernel=True`.")
+    if allow_neg_eigval and not use_beta_sigmoid_in_kernel:
+        raise ValueError("`allow_neg_eigval=True` requires `use_beta_sigmoid_in_kernel=True`.")
+    B, T, H, K = q.shape
+    assert q.shape == k.shape and K <= 256 and v.shape[2] == H, "grouped value heads are not emulated"
+    assert g.shape == (B, T, H, K) and beta.shape == (B, T, H)
+    _check_layout(k, v, g, beta, heads_from=q)
+    if initial_state is not None and state_v_first:
+        initial_state = initial_state.transpose(-1, -2)
+    _check_state(initial_state, B, H, K, v.shape[-1])
+    scale = K**-0.5 if scale is None else scale
+    with _no_autocast(q):
+        if use_gate_in_kernel:
+            assert lower_bound is None, "the lower-bound gate is not emulated"
+            g = g.float() + (0 if dt_bias is None else dt_bias.float().view(H, K))
+            g = -A_log.float().exp().view(H, 1) * F.softplus(g)
+        if use_beta_sigmoid_in_kernel:
+            beta = (2 if allow_neg_eigval else 1) * beta.float().sigmoid()
+        if use_qk_l2norm_in_kernel:
+            q, k = F.normalize(q.float(), dim=-1), F.normalize(k.float(), dim=-1)
+        o, S = _naive("kda/naive.py").naive_recurrent_kda(
+            q, k, v, g, beta, scale=scale, initial_state=initial_state, output_final_state=output_final_state)
+    if S is not None and state_v_first:
+        S = S.transpose(-1, -2)
+    return o.to(dtype), _state_out(S, output_final_state)
+
+
 def chunk_rwkv6(r, k, v, w, u, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None,
                 cu_seqlens_cpu=None, **kwargs):
     """``fla.ops.rwkv6.chunk_rwkv6``: w is the log decay, u the bonus ``[H, K]``, default scale K^-1/2."""
@@ -223,6 +267,7 @@ STAND_INS = {
     "simple_gla": (chunk_simple_gla, "simple_gla/chunk.py"),
     "delta_rule": (chunk_delta_rule, "delta_rule/chunk.py"),
     "gated_delta_rule": (chunk_gated_delta_rule, "gated_delta_rule/chunk.py"),
+    "kda": (chunk_kda, "kda/chunk.py"),
     "rwkv6": (chunk_rwkv6, "rwkv6/chunk.py"),
     "rwkv7": (chunk_rwkv7, "rwkv7/chunk.py"),
     "based": (parallel_based, "based/parallel.py"),
@@ -234,7 +279,7 @@ def install_stand_ins(monkeypatch):
     """Installs stand-in ``fla`` / ``fla.ops.*`` modules and lets the fast path run on CPU; yields the
     list of calls (op name, ``initial_state is None``, ``output_final_state``), then clears the cached import
     check (a generator for a fixture to ``yield from``; ``monkeypatch`` undoes the rest)."""
-    for relpath in ("simple_gla/naive.py", "delta_rule/naive.py", "gated_delta_rule/naive.py",
+    for relpath in ("simple_gla/naive.py", "delta_rule/naive.py", "gated_delta_rule/naive.py", "kda/naive.py",
                     "rwkv6/recurrent_naive.py", "generalized_delta_rule/dplr/naive.py", "based/naive.py",
                     "forgetting_attn/naive.py"):
         _naive(relpath)  # skips the test where fla (or einops) is not installed

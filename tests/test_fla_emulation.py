@@ -31,7 +31,7 @@ pytestmark = pytest.mark.filterwarnings("error:ChunkDeltaRuleFunction does not s
 
 D_MODEL = 32
 # the kernels that take 16-bit q/k/v (the adapter rounds fp32 activations to bf16)
-BF16_KERNELS = {"deltanet", "gated_deltanet", "rwkv7"}
+BF16_KERNELS = {"deltanet", "gated_deltanet", "kda", "rwkv7"}
 # (output, gradient) relative-error bounds, fast against chunked: fp32 kernels differ by summation order
 # only; bf16 kernels by the rounding of q/k/v (and a, b, beta) to bf16; under bf16 autocast every linear
 # layer rounds as well. A convention error (layout, scale, decay sign, state layout) gives 1e-1 and more.
@@ -67,7 +67,7 @@ def fla_mixers() -> list[str]:
     return [n for n in mixer_names() if mixer_class(n).fast_kernels == "fla"]
 
 
-KERNEL_OF = {"mamba2": "chunk_simple_gla", "deltanet": "chunk_delta_rule", "gated_deltanet": "chunk_gated_delta_rule",
+KERNEL_OF = {"mamba2": "chunk_simple_gla", "deltanet": "chunk_delta_rule", "gated_deltanet": "chunk_gated_delta_rule", "kda": "chunk_kda",
              "rwkv6": "chunk_rwkv6", "rwkv7": "chunk_rwkv7", "based": "parallel_based",
              "forgetting_attn": "parallel_forgetting_attn"}
 # kernels that take no state: with a state (prefill, decode) these mixers run their chunked form, no kernel call
@@ -239,6 +239,10 @@ def _drop_scale(kw):
     del kw["scale"]  # the op's default K^-1/2 instead of ours
 
 
+def _kda_gate_channels_reversed(kw):
+    kw["g"] = kw["g"].flip(-1)  # each key channel gets another channel's decay
+
+
 def _state_transposed(kw):
     if kw["initial_state"] is not None:
         kw["initial_state"] = kw["initial_state"].transpose(-1, -2).contiguous()
@@ -259,6 +263,7 @@ def _fox_gates_summed(kw):
 MUTATIONS = {  # mixer -> (adapter input builder, change, branch)
     "mamba2": ("ssd_inputs", _drop_scale, "training"),
     "deltanet": ("delta_rule_inputs", _state_transposed, "state"),
+    "kda": ("kda_inputs", _kda_gate_channels_reversed, "training"),
     "rwkv6": ("wkv6_inputs", _drop_scale, "training"),
     "rwkv7": ("wkv7_inputs", _a_b_swapped, "training"),
     "based": ("based_inputs", _based_scale_one, "training"),
