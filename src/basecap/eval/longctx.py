@@ -63,10 +63,17 @@ def _retrieval(
     split: str,
     max_new_tokens: int,
     batch_size: int,
+    factors=None,
 ) -> dict:
     from ..config_base import ConfigError
     from .suites import greedy_generate
 
+    if factors is not None:  # lengths as multiples of the training context, so one study file serves every size
+        if lengths is not None:
+            raise ConfigError(f"{name}: give lengths or factors, not both")
+        if not factors or any(not isinstance(f, (int, float)) or isinstance(f, bool) or f <= 0 for f in factors):
+            raise ConfigError(f"{name}: factors must be positive numbers, got {factors!r}")
+        lengths = [round(f * subject.seq_len) for f in factors]
     lengths = [int(L) for L in (lengths or default_lengths(subject))]
     depths = [float(d) for d in depths]
     if haystack not in ("noise", "corpus"):
@@ -147,8 +154,10 @@ def passkey_suite(
     digits: int = 5,
     max_new_tokens: int = 10,
     batch_size: int = 8,
+    factors=None,
 ) -> dict:
-    """Passkey retrieval over ``lengths`` (tokens; default half, one and two training contexts) x ``depths``."""
+    """Passkey retrieval over ``lengths`` (tokens; default half, one and two training contexts; or ``factors`` x the
+    training context) x ``depths``."""
     return _retrieval(
         subject,
         out_dir,
@@ -163,6 +172,7 @@ def passkey_suite(
         split,
         max_new_tokens,
         batch_size,
+        factors,
     )
 
 
@@ -179,8 +189,9 @@ def niah_suite(
     split: str = "test",
     max_new_tokens: int = 24,
     batch_size: int = 8,
+    factors=None,
 ) -> dict:
-    """RULER single needle (value_kind number | word | uuid; haystack corpus text or noise)."""
+    """RULER single needle (value_kind number | word | uuid; haystack corpus text or noise); lengths as passkey's."""
     if haystack == "corpus" and subject.corpus is None:
         haystack = "noise"
     res = _retrieval(
@@ -197,6 +208,7 @@ def niah_suite(
         split,
         max_new_tokens,
         batch_size,
+        factors,
     )
     return {"value_kind": value_kind, **res}
 
