@@ -86,7 +86,9 @@ def test_batches_with_retrieval_are_pure_functions_of_seed_and_step(tiny_corpus)
 def test_ranks_share_one_global_batch_with_its_retrieval_rows(tiny_corpus):
     mix = _mix(fraction=0.5, tasks=["passkey"])
     whole = TrainBatches(tiny_corpus, {"prose": 1.0}, seq_len=T, batch_size=4, seed=0, retrieval=mix).batch(3)[0]
-    parts = [TrainBatches(tiny_corpus, {"prose": 1.0}, seq_len=T, batch_size=2, seed=0, rank=r, world_size=2, retrieval=mix).batch(3)[0] for r in (0, 1)]
+    parts = [
+        TrainBatches(tiny_corpus, {"prose": 1.0}, seq_len=T, batch_size=2, seed=0, rank=r, world_size=2, retrieval=mix).batch(3)[0] for r in (0, 1)
+    ]
     assert torch.equal(torch.cat(parts), whole)
 
 
@@ -100,7 +102,11 @@ def test_bad_settings_name_their_field(tiny_corpus):
         TrainBatches(tiny_corpus, {"prose": 1.0}, seq_len=128, batch_size=2, retrieval=_mix(tasks=["passkey"]))
     with pytest.raises(ConfigError, match=r"data.retrieval.haystack_domain: unknown domain 'poetry'"):
         TrainBatches(tiny_corpus, {"prose": 1.0}, seq_len=T, batch_size=2, retrieval=_mix(haystack_domain="poetry"))
-    for bad, msg in (({"fraction": 0}, "data.retrieval.fraction"), ({"tasks": []}, "data.retrieval.tasks"), ({"tasks": ["niah", "niah"]}, "repeated")):
+    for bad, msg in (
+        ({"fraction": 0}, "data.retrieval.fraction"),
+        ({"tasks": []}, "data.retrieval.tasks"),
+        ({"tasks": ["niah", "niah"]}, "repeated"),
+    ):
         with pytest.raises(ConfigError, match=msg):
             _mix(**bad)
     with pytest.raises(ConfigError, match="data.retrieval.fractio: unknown key"):
