@@ -21,6 +21,7 @@ BENCHES = {
     "data": "tokenisation MB/s (1 and N workers) and loader batches/s against the planned 110m step time",
     "throughput": "whole-model training tokens/s and peak memory against sequence length (GPU table)",
     "head": "LM head + cross-entropy alone: plain (whole logits) against chunked (and fla on CUDA), time and peak memory",
+    "longctx": "CPU analogue of the paper's 100k speed row: Top-1 Chunk Approx against Transformer++, training step and decoding, 16k-100k",
 }
 
 
