@@ -43,6 +43,7 @@ def test_one_measurement_of_each_kind(variant):
     assert train["tokens_per_s"] == pytest.approx(T / train["step_s_median"]) and train["peak_rss_growth_bytes"] >= 0
     dec = longctx.measure({"variant": variant, "kind": "decode", "T": T, "threads": 1, "options": OPTS})
     assert dec["decode_tokens_per_s"] == pytest.approx(1 / dec["decode_s_per_token_median"]) and dec["prefill_s"] > 0
+    assert len(dec["decode_s_per_token_all"]) == 2 and dec["decode_s_per_token_min"] == min(dec["decode_s_per_token_all"])
     kv = 2 * 2 * 32 * 4  # k and v, 2 heads of 32, fp32, one layer
     sums = 2 * 32 * 8 * math.ceil(T / 16) / T if variant == "top1_chunk_approx" else 0  # Approx's float64 key sum per chunk
     assert dec["state_bytes_per_token"] == pytest.approx(kv + sums)

@@ -7,29 +7,33 @@ Per thread count and length T (default 16k, 32k, 64k, 100k), for Top-1 Chunk App
   step (min and median of ``--reps``; one step only when the first takes over ``--single-step-s``), tokens/s
   (T / median), and the peak resident-set growth of the first step;
 - decode: after a warm-up prefill of ``--warmup-len`` tokens, a prefill of T tokens (forward only), then
-  ``--decode-tokens`` tokens one at a time (after two warm-up tokens); tokens/s (1 / median seconds per token), the state's bytes per token (``LM.state_size(T) / T``: KV cache,
-  plus Approx's per-chunk key sums), the resident-set growth the state holds after the prefill per token, and the
-  peak resident-set growth over prefill and decode.
-Each measurement runs in a fresh process (glibc's mmap threshold pinned, as ``bench/common.py``'s probes) that may
-add at most ``--mem-limit-gib`` of address space (RLIMIT_AS), so that running out of memory is reported rather than
-left to the kernel's OOM killer (which might pick another job). Each variant is first checked against its dense reference (``bench selection``) and not
-timed if it disagrees. Lengths are never dropped silently: with ``--budget-s`` (seconds per thread count), a
-measurement whose predicted time (the last measured length of the same variant and kind, scaled by the model's
-FLOPs, ``LM.flops_per_token(T) x T``) exceeds what is left is recorded as ``over_budget`` with its prediction;
-one that overruns is killed and recorded as ``timeout``; after ``out_of_memory`` or ``timeout`` the longer lengths
-of that variant and kind are recorded as ``skipped``.
+  ``--decode-tokens`` tokens one at a time (after two warm-up tokens); tokens/s (1 / median seconds per token), the
+  state's bytes per token (``LM.state_size(T) / T``: the KV cache, plus Approx's per-chunk key sums), the
+  resident-set growth the state holds after the prefill, per token, and the peak resident-set growth over prefill and
+  decode.
+Each measurement runs in a fresh process (glibc's mmap threshold pinned, as ``bench/common.py``'s probes) that may add
+at most ``--mem-limit-gib`` of address space (RLIMIT_AS), so that running out of memory is reported rather than left
+to the kernel's OOM killer (which might pick another job). Each variant is first checked against its dense reference
+(``bench selection``'s check) and not timed if it disagrees. No length is dropped silently: with ``--budget-s``
+(seconds per thread count), a measurement whose predicted time (the last measured length of the same variant and
+kind, scaled by the model's FLOPs ``LM.flops_per_token(T) x T``) exceeds what is left is recorded as ``over_budget``
+with its prediction; one that overruns is killed and recorded as ``timeout``; after ``out_of_memory`` or ``timeout``
+the longer lengths of that variant and kind are recorded as ``skipped``.
 
-Writes ``speed.json`` and ``speed.md`` (the tables, ready for a README) into ``--out``. speed.json
-(``schema = "basecap.bench.longctx/1"``): ``analogue`` (what it is and is not), ``paper`` (the row it is the
-analogue of), ``meta`` (device, torch, model shape, parameters, options, load averages), ``rows`` (one per
-threads x T x kind x variant: ``variant``, ``kind`` "train" | "decode", ``T``, ``threads``, ``status`` "ok" |
-"over_budget" | "timeout" | "out_of_memory" | "skipped" | "error", ``reason``, ``predicted_s``, ``wall_s``, and when
-ok, train: ``step_s_min``, ``step_s_median``, ``step_s_all``, ``reps``, ``tokens_per_s``, ``peak_rss_growth_bytes``; decode:
-``prefill_s``, ``decode_s_per_token_min``, ``decode_s_per_token_median``, ``decode_tokens_per_s``, ``state_bytes``,
-``state_bytes_per_token``, ``held_rss_bytes_per_token``, ``peak_rss_growth_bytes``), ``ratios`` (per threads x T x
-variant other than the reference: ``train_speedup`` = reference step_s_median / variant's, ``train_speedup_best``
-from the minima, ``decode_speedup`` = variant tokens/s / reference's, ``state_bytes_ratio``; null where either side
-was not measured).
+Writes ``speed.json`` and ``speed.md`` (the tables, ready for a README) into ``--out``. speed.json, schema
+``basecap.bench.longctx/1``:
+- ``analogue`` (what it is and is not), ``paper`` (the row it is the analogue of), ``meta`` (device, torch, model
+  shape and parameters, options, command, load averages at start and end);
+- ``rows``, one per threads x T x kind x variant: ``variant`` (``transformer_pp``, ``top1_chunk_approx``, ...),
+  ``kind`` ("train" | "decode"), ``T``, ``threads``, ``status`` ("ok" | "over_budget" | "timeout" | "out_of_memory" |
+  "skipped" | "error"), ``reason``, ``predicted_s``, ``wall_s``, ``load_average``; when ok, train: ``step_s_min``,
+  ``step_s_median``, ``step_s_all`` (every timed step), ``reps``, ``tokens_per_s``, ``peak_rss_growth_bytes``;
+  decode: ``prefill_s``, ``decode_s_per_token_min``, ``decode_s_per_token_median``, ``decode_s_per_token_all``,
+  ``decode_tokens_per_s``, ``state_bytes``, ``state_bytes_per_token``, ``held_rss_bytes_per_token``,
+  ``peak_rss_growth_bytes``;
+- ``ratios``, per threads x T x variant other than the reference (the first of ``--variants``): ``train_speedup``
+  (the reference's median step over the variant's), ``train_speedup_best`` (of the minima), ``decode_speedup`` (the
+  variant's tokens/s over the reference's), ``state_bytes_ratio``; null where either side was not measured.
 """
 
 from __future__ import annotations
@@ -150,6 +154,7 @@ def _decode(model, T: int, o: dict) -> dict:
         "prefill_s": out["prefill_s"],
         "decode_s_per_token_min": min(times),
         "decode_s_per_token_median": med,
+        "decode_s_per_token_all": times,
         "decode_tokens_per_s": 1 / med,
         "state_bytes": model.state_size(T),
         "state_bytes_per_token": model.state_size(T) / T,
@@ -349,7 +354,7 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--vocab", type=int, default=2048, help="the small-vocab corpus's")
     ap.add_argument("--chunk-len", type=int, default=128, help="Top-1 Chunk's C (the paper's 128)")
     ap.add_argument("--reps", type=int, default=2, help="timed training steps per length (min and median reported)")
-    ap.add_argument("--single-step-s", type=float, default=60, help="a first timed step longer than this is not repeated")
+    ap.add_argument("--single-step-s", type=float, default=300, help="a first timed step longer than this is not repeated")
     ap.add_argument("--warmup-len", type=int, default=2048, help="the one warm-up training step's length")
     ap.add_argument("--decode-tokens", type=int, default=16)
     ap.add_argument("--budget-s", type=float, default=600, help="seconds per thread count (0: no budget)")
