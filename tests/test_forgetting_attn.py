@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import math
 import re
 from pathlib import Path
 
@@ -16,7 +17,7 @@ import torch.nn.functional as F
 from basecap.config_base import ConfigError
 from basecap.kernels import fla as fk
 from basecap.mixers import build_mixer, parse_mixer_config
-from basecap.mixers.forgetting_attn import forgetting_attn_masked, forgetting_attn_recurrent
+from basecap.mixers.forgetting_attn import PRUNE_LOG_TOL, forgetting_attn_masked, forgetting_attn_recurrent
 
 from fla_oracle import fla_naive
 
@@ -91,6 +92,22 @@ def test_a_cached_prefix_then_the_rest_matches_fla_reference_over_the_whole(form
     # log_forget of key j after token 10: the sum of log f over j+1 .. 10
     want = torch.stack([log_f[..., j + 1 :].sum(-1) for j in range(11)], dim=-1)
     assert rel(new[2], want) < 1e-6 and torch.equal(new[0], k) and torch.equal(new[1], v)
+
+
+def test_the_masked_form_drops_only_negligible_keys():
+    """Fast forgetting (log f about -2 a step over 64 steps): many keys lie below the masked form's floor, and
+    dropping them leaves outputs and gradients as fla's reference computes them with every key."""
+    q, k, v, _ = (t.detach() for t in inputs(64, seed=4))
+    log_f = torch.full((B, H, 64), -2.0) + 0.1 * torch.randn(B, H, 64, generator=torch.Generator().manual_seed(5))
+    c = log_f.cumsum(-1)
+    U = SCALE * q.norm(dim=-1) * k.norm(dim=-1).amax(-1, keepdim=True)
+    floor = -(2 * U + math.log(64) + PRUNE_LOG_TOL)
+    below = ((c[..., :, None] - c[..., None, :]) < floor[..., None]).tril()
+    assert below.sum() / (B * H * 64 * 65 / 2) > 0.25  # a quarter of the visible keys lie below the floor
+    ins = [t.requires_grad_() for t in (q, k, v, log_f)]
+    mine = [t.detach().clone().requires_grad_() for t in ins]
+    o, _ = forgetting_attn_masked(*mine, None, SCALE)
+    check_against(o, mine, naive(*ins), ins, tol=1e-5)
 
 
 # ---- the decay's limits: independent of either form ----------------------------------------------
