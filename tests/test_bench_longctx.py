@@ -130,3 +130,16 @@ def test_a_fresh_process_reports_running_out_of_memory():
     spec = {"variant": "transformer_pp", "kind": "train", "T": 4096, "threads": 1, "options": {**OPTS, "mem_limit_gib": 0.001}}
     res = longctx.run_child(spec, timeout=120)
     assert res["status"] == "out_of_memory" and "more than 0.001 GiB" in res["reason"]
+
+
+def test_training_comes_first_and_the_shortest_predicted_measurement_next():
+    calls = []
+    o = {**OPTS, "lengths": [1024, 2048, 4096]}
+    rows = longctx.run_grid(o, lambda spec, t: calls.append((spec["kind"], spec["variant"], spec["T"])) or _fake(spec, t), log=lambda *_: None)
+    assert calls[:5] == [("train", "transformer_pp", 1024)] + [("train", "top1_chunk_approx", T) for T in (1024, 2048, 4096)] + [
+        ("train", "transformer_pp", 2048)
+    ]
+    assert {k for k, _, _ in calls[6:]} == {"decode"}
+    assert [(r["T"], r["kind"], r["variant"]) for r in rows] == [
+        (T, k, v) for T in (1024, 2048, 4096) for k in ("train", "decode") for v in ("transformer_pp", "top1_chunk_approx")
+    ]

@@ -231,36 +231,47 @@ def _predict(rows: list[dict], spec: dict, o: dict, cache: dict) -> tuple[float 
 
 
 def run_grid(o: dict, runner: Callable[[dict, float | None], dict] = run_child, log=print) -> list[dict]:
-    """Every threads x T x kind x variant of ``o``, each a row: measured, or with the reason it was not."""
+    """Every threads x T x kind x variant of ``o``, each a row: measured, or with the reason it was not. Per thread
+    count, every training step comes first (the paper's row is training speed), then every decode; within a kind,
+    each variant's lengths go in increasing order and the measurement predicted to be shortest goes next, so that a
+    budget is spent on what it can hold (a long reference step is what it leaves out). Rows come back sorted by
+    threads, T, kind and variant."""
     rows: list[dict] = []
     cache: dict = {}
     for threads in o["threads"]:
         left = o["budget_s"] or float("inf")
-        failed: dict[tuple[str, str], str] = {}
-        for T in sorted(o["lengths"]):
-            for kind in KINDS:
-                for v in o["variants"]:
-                    spec = {"variant": v, "kind": kind, "T": T, "threads": threads, "options": o}
-                    row: dict[str, Any] = {"variant": v, "kind": kind, "T": T, "threads": threads, "predicted_s": None, "reason": None}
-                    pred, how = _predict(rows, spec, o, cache)
-                    row["predicted_s"] = pred
-                    if (v, kind) in failed:
-                        row |= {"status": "skipped", "reason": failed[(v, kind)]}
-                    elif left <= 0:
-                        row |= {"status": "over_budget", "reason": f"the budget of {o['budget_s']:g} s is spent"}
-                    elif pred is not None and pred > left:
-                        row |= {"status": "over_budget", "reason": f"predicted {pred:.0f} s ({how}), {left:.0f} s of the budget left"}
-                    else:
-                        timeout = None if left == float("inf") else max(30.0, min(left, 3 * pred if pred else left))
-                        t0, load = time.perf_counter(), os.getloadavg()[0]
-                        row |= runner(spec, timeout)
-                        row["wall_s"], row["load_average"] = time.perf_counter() - t0, [load, os.getloadavg()[0]]
-                        left -= row["wall_s"]
-                        if row["status"] in ("out_of_memory", "timeout"):
-                            failed[(v, kind)] = f"{row['status']} at T={T}"
-                    rows.append(row)
-                    log(_line(row))
-    return rows
+        for kind in KINDS:
+            pending = {v: sorted(o["lengths"]) for v in o["variants"]}
+            failed: dict[str, str] = {}
+            while any(pending.values()):
+                options = []
+                for i, (v, todo) in enumerate(pending.items()):
+                    if todo:
+                        spec = {"variant": v, "kind": kind, "T": todo[0], "threads": threads, "options": o}
+                        pred, how = _predict(rows, spec, o, cache)
+                        options.append((pred or 0.0, todo[0], i, spec, pred, how))
+                _, T, _, spec, pred, how = min(options, key=lambda x: x[:3])
+                v = spec["variant"]
+                pending[v].pop(0)
+                row: dict[str, Any] = {"variant": v, "kind": kind, "T": T, "threads": threads, "predicted_s": pred, "reason": None}
+                if v in failed:
+                    row |= {"status": "skipped", "reason": failed[v]}
+                elif left <= 0:
+                    row |= {"status": "over_budget", "reason": f"the budget of {o['budget_s']:g} s is spent"}
+                elif pred is not None and pred > left:
+                    row |= {"status": "over_budget", "reason": f"predicted {pred:.0f} s ({how}), {left:.0f} s of the budget left"}
+                else:
+                    timeout = None if left == float("inf") else max(30.0, min(left, 3 * pred if pred else left))
+                    t0, load = time.perf_counter(), os.getloadavg()[0]
+                    row |= runner(spec, timeout)
+                    row["wall_s"], row["load_average"] = time.perf_counter() - t0, [load, os.getloadavg()[0]]
+                    left -= row["wall_s"]
+                    if row["status"] in ("out_of_memory", "timeout"):
+                        failed[v] = f"{row['status']} at T={T}"
+                rows.append(row)
+                log(_line(row))
+    order = {v: i for i, v in enumerate(o["variants"])}
+    return sorted(rows, key=lambda r: (o["threads"].index(r["threads"]), r["T"], KINDS.index(r["kind"]), order[r["variant"]]))
 
 
 def _line(r: dict) -> str:
