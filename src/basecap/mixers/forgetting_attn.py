@@ -43,7 +43,7 @@ class ForgettingAttnConfig(MixerConfig):
     head_dim: int = Field(64, gt=0)
     n_heads: int | None = Field(None, gt=0, description="default: d_model // head_dim")
     position: Literal["none", "rope"] = Field("none", description="FoX needs no position encoding; 'rope' adds RoPE")
-    rope_theta: float = Field(500000.0, gt=0, description="RoPE base of the FoX paper's runs (position='rope' only)")
+    rope_theta: float = Field(500000.0, gt=0, description="RoPE base of the authors' code (position='rope' only)")
     qk_norm_output_gate: bool = Field(False, description="the Pro block's QK-norm and sigmoid output gate")
     impl: Literal["ref", "chunked", "fast", "auto"] = "auto"
 
