@@ -102,3 +102,39 @@ def check_state_size(m):
         state = m.init_state(2)
         _, state = m(inputs(B=2, T=T), state)
         assert state_bytes(state) == m.state_size(T), f"T={T}: state tensors hold {state_bytes(state)} B, state_size says {m.state_size(T)}"
+
+
+def check_declarations(cls, variants):
+    """The declarations basecap reads besides the four methods (docs/adding_a_mixer.md, "Declarations"): each
+    out-projection is an nn.Linear of every variant; match_field is a float field of the config that moves the
+    parameter count, or None; compiles is True or a reason; chunk_size() is a positive int or None, and not None
+    for a constant-size state; cost() parses, and cost_modes covers every value of its switch."""
+    from typing import Literal, get_args, get_origin
+
+    from torch import nn
+
+    from basecap.catalog import cost_exponent
+
+    fields = cls.config_class.model_fields
+    assert isinstance(cls.out_projections, tuple) and all(isinstance(p, str) for p in cls.out_projections), cls.out_projections
+    assert cls.compiles is True or (isinstance(cls.compiles, str) and cls.compiles), cls.compiles
+    field = cls.match_field
+    assert field is None or (field in fields and fields[field].annotation is float), f"match_field {field!r}: not a float config field"
+    if cls.cost_modes is not None:
+        switch, costs = cls.cost_modes
+        ann = fields[switch].annotation
+        assert get_origin(ann) is Literal and set(get_args(ann)) == set(costs), f"cost_modes {switch!r}: {sorted(costs)} != {get_args(ann)}"
+    for variant in variants:
+        m = make(cls.config_class.model_fields["name"].default, variant)
+        linears = {n for n, mod in m.named_modules() if isinstance(mod, nn.Linear)}
+        missing = set(cls.out_projections) - linears
+        assert not missing, f"out_projections {sorted(missing)} are not nn.Linear layers of the mixer ({sorted(linears)})"
+        chunk = m.chunk_size()
+        assert chunk is None or (isinstance(chunk, int) and chunk > 0), chunk
+        s = m.state_size(256)
+        if s > 0 and s == m.state_size(128):
+            assert chunk, "a constant-size state needs chunk_size() (plan: one state per chunk in the backward pass)"
+        for T in (256, 2048):
+            cost = m.cost(T)
+            cost_exponent(cost, T // 4, T)
+            cost_exponent(cost, T // 4, T, part="decode")

@@ -23,10 +23,11 @@ def test_cost_strings_parse_into_exponents():
 
 def test_top1_chunk_has_one_cost_per_selection_mode():
     rows = {r["mixer"]: r for r in describe()}
-    chunk = rows["top1_chunk"]["cost_by_selection"]
+    chunk = rows["top1_chunk"]["cost_by_mode"]
+    assert rows["top1_chunk"]["cost_switch"] == "selection"
     assert set(chunk) == {"exact", "approx"} and chunk["exact"] != chunk["approx"]
     assert chunk["exact"].startswith("O(T^2) train") and chunk["approx"].startswith("O(T^2/C + T C) train")
-    assert rows["attention"]["cost_by_selection"] is None
+    assert rows["attention"]["cost_by_mode"] is None and rows["attention"]["cost_switch"] is None
     table = format_table(list(rows.values()), "tiny", 2048)
     assert "top1_chunk approx: O(T^2/C + T C) train, O(T/C + C) per decoded token" in table
     assert "top1_chunk exact: O(T^2) train, O(T) per decoded token" in table

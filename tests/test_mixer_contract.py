@@ -6,7 +6,7 @@ import torch
 from basecap.mixers import mixer_class, mixer_names
 from basecap.model import LM, ModelConfig
 
-from mixer_contract import check_causal, check_decode, check_impls, check_shapes, check_state_size, make
+from mixer_contract import check_causal, check_declarations, check_decode, check_impls, check_shapes, check_state_size, make
 
 CASES = [(n, v) for n in mixer_names() for v in mixer_class(n).test_variants]
 IDS = [f"{n}-{i}" for n in mixer_names() for i, _ in enumerate(mixer_class(n).test_variants)]
@@ -55,3 +55,9 @@ def test_one_step_lowers_loss(name, variant):
     with torch.no_grad():
         after = model.loss(idx[:, :-1], idx[:, 1:])
     assert after < before
+
+
+@pytest.mark.parametrize("name", mixer_names())
+def test_declarations(name):
+    cls = mixer_class(name)
+    check_declarations(cls, cls.test_variants)

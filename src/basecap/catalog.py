@@ -1,8 +1,8 @@
 """``basecap mixers``: every registered mixer with its switches, parameter count at a preset,
-recurrent state bytes per sequence and asymptotic cost: read off its own FLOP accounting, except where one
-switch changes the algorithm (``SELECTION_COSTS``: Top-1 Chunk's Exact and Approx selection). Every cost
-string's training term is checked against a scaling exponent measured by ``basecap bench mixers``
-(``cost_exponent``, tests/test_catalog.py)."""
+recurrent state bytes per sequence and asymptotic cost: each mixer's own ``cost()``, read off its FLOP
+accounting unless it names its form (a window) or declares one cost per value of a switch that changes the
+algorithm (``cost_modes``: Top-1 Chunk's Exact and Approx selection). Every cost string's training term is
+checked against a scaling exponent measured by ``basecap bench mixers`` (``cost_exponent``, tests/test_catalog.py)."""
 
 from __future__ import annotations
 
@@ -31,29 +31,9 @@ def switches(name: str) -> dict[str, str]:
     return out
 
 
-# (mixer, selection) -> cost, where the selection mode changes the algorithm (docs/top1.md): Exact scores every
-# visible key to choose a chunk; Approx scores the T/C chunk means, then attends inside one chunk of C
-SELECTION_COSTS: dict[tuple[str, str | None], str] = {
-    ("top1_chunk", "exact"): "O(T^2) train, O(T) per decoded token",
-    ("top1_chunk", "approx"): "O(T^2/C + T C) train, O(T/C + C) per decoded token",
-}
-
-
-def flops_cost(mixer, seq_len: int) -> str:
-    """The cost read off a mixer's FLOPs per token at T/4 and T: quadratic when they grow with T."""
-    f1, f4 = mixer.flops_per_token(seq_len // 4), mixer.flops_per_token(seq_len)
-    growth = f4 / f1 if f1 else 1.0
-    if growth > 1.5:
-        return "O(T^2) train, O(T) per decoded token"
-    if getattr(mixer.cfg, "window", 0):
-        return "O(T W) train, O(W) per decoded token"
-    return "O(T) train, O(1) per decoded token"
-
-
 def mixer_cost(mixer, seq_len: int) -> str:
-    """The asymptotic cost of a built mixer with its config's switches."""
-    selection = getattr(mixer.cfg, "selection", None)
-    return SELECTION_COSTS.get((mixer.cfg.name, selection)) or flops_cost(mixer, seq_len)
+    """The asymptotic cost of a built mixer with its config's switches (its declared ``cost()``)."""
+    return mixer.cost(seq_len)
 
 
 def _term_value(term: str, T: float, C: float, W: float) -> float:
@@ -85,11 +65,7 @@ def describe(preset: str = "tiny", seq_len: int = 2048, vocab_size: int = 8192) 
             model = LM(cfg)
         mixer = model.blocks[0].mixer
         state = model.state_size(seq_len)
-        modes = (
-            typing.get_args(mixer_class(name).config_class.model_fields["selection"].annotation)
-            if "selection" in mixer_class(name).config_class.model_fields
-            else ()
-        )
+        cost_modes = mixer_class(name).cost_modes
         rows.append(
             {
                 "mixer": name,
@@ -98,7 +74,8 @@ def describe(preset: str = "tiny", seq_len: int = 2048, vocab_size: int = 8192) 
                 "state_bytes": state,
                 "state_grows": state != model.state_size(seq_len // 2),
                 "cost": mixer_cost(mixer, seq_len),
-                "cost_by_selection": {m: SELECTION_COSTS.get((name, m)) or mixer_cost(mixer, seq_len) for m in modes} or None,
+                "cost_switch": cost_modes[0] if cost_modes else None,
+                "cost_by_mode": dict(cost_modes[1]) if cost_modes else None,
                 "flops_per_token": model.flops_per_token(seq_len),
                 "switches": switches(name),
                 "doc": (
@@ -110,7 +87,7 @@ def describe(preset: str = "tiny", seq_len: int = 2048, vocab_size: int = 8192) 
 
 
 def _cost_cell(row: dict) -> str:
-    return "by selection mode (below)" if row.get("cost_by_selection") else row["cost"]
+    return f"by {row['cost_switch']} (below)" if row.get("cost_by_mode") else row["cost"]
 
 
 def format_table(rows: list[dict], preset: str, seq_len: int) -> str:
@@ -127,11 +104,10 @@ def format_table(rows: list[dict], preset: str, seq_len: int) -> str:
             f"{st_s + ('*' if r['state_grows'] else ''):>12}  {_cost_cell(r):<38}{r['doc'][:70]}"
         )
     lines += ["", "* grows with context (KV cache)"]
-    by_mode = [r for r in rows if r.get("cost_by_selection")]
-    if by_mode:
-        lines += ["", "cost by selection mode (model.mixer.selection; C = chunk_len):"]
-        for r in by_mode:
-            lines += [f"  {r['mixer']} {mode}: {cost}" for mode, cost in r["cost_by_selection"].items()]
+    for r in rows:
+        if r.get("cost_by_mode"):
+            lines += ["", f"{r['mixer']}: cost by model.mixer.{r['cost_switch']} (C = chunk length):"]
+            lines += [f"  {r['mixer']} {mode}: {cost}" for mode, cost in r["cost_by_mode"].items()]
     lines += ["", "switches (config keys under model.mixer):"]
     for r in rows:
         lines.append(f"  {r['mixer']}:")

@@ -6,6 +6,11 @@ layer, ``match_params`` widens or narrows the feed-forward block (or, for archit
 one, the mixer's ``expand``) so that every model's non-embedding parameter count equals
 Transformer++'s at that shape (within 1%; the issue's bar is 5%). Counting builds models on the meta
 device, which is why it is a step of its own and never part of validating a config.
+
+What is widened is declared, not guessed: the feed-forward block's ``match_field`` (SwiGLU's and RWKV
+channel mixing's ``hidden_mult``), else, for a model without one (``mlp = "none"``), the mixer's
+``match_field`` (Mamba's ``expand``). A model where neither declares one cannot be matched: an error
+that names the mixer, never a silently unmatched model.
 """
 
 from __future__ import annotations
@@ -14,7 +19,8 @@ from functools import lru_cache
 
 import torch
 
-from .mixers import parse_mlp_config
+from .config_base import ConfigError
+from .mixers import mixer_class, mlp_class, parse_mlp_config
 from .model import LM, ModelConfig
 
 REFERENCE_MIXER = {"name": "attention", "position": "rope"}
@@ -40,6 +46,12 @@ def resolve(cfg):
         return cfg.model_copy(update={"model": resolve(cfg.model)})
     if not cfg.match_params or cfg.layer_mixers:
         return cfg
+    if mlp_class(cfg.mlp.name).match_field is None and mixer_class(cfg.mixer.name).match_field is None:
+        raise ConfigError(
+            f"model.match_params: mixer {cfg.mixer.name!r} declares match_field = None (it has no width of its own and is "
+            f"matched through its feed-forward block), and mlp {cfg.mlp.name!r} has no width either; use an MLP with a "
+            "width (e.g. swiglu) or set model.match_params = false"
+        )
     cfg = cfg.model_copy(update={"mlp": matched_mlp(cfg)})
     return cfg.model_copy(update={"mixer": matched_mixer(cfg)})
 
@@ -54,16 +66,18 @@ def _matching_target(model_cfg: ModelConfig) -> tuple[dict, int]:
 
 
 def matched_mixer(model_cfg: ModelConfig):
-    """For architectures without a feed-forward block (Mamba): the mixer config whose ``expand``
-    (rounded to 4 decimals; the mixer rounds d_inner to a multiple of 8 or of the head size) brings the
-    non-embedding parameters closest to Transformer++ at this depth/width."""
+    """For architectures without a feed-forward block (Mamba): the mixer config whose ``match_field``
+    (``expand``; rounded to 4 decimals; the mixer rounds d_inner to a multiple of 8 or of the head size) brings
+    the non-embedding parameters closest to Transformer++ at this depth/width. Unchanged when the feed-forward
+    block has a width (it is matched instead) or the mixer declares no field."""
     mixer = model_cfg.mixer
-    if "hidden_mult" in type(model_cfg.mlp).model_fields or "expand" not in type(mixer).model_fields:
+    field = mixer_class(mixer.name).match_field
+    if mlp_class(model_cfg.mlp.name).match_field is not None or field is None:
         return mixer
     base, target = _matching_target(model_cfg)
 
     def count_with(expand):
-        return _count(ModelConfig.model_validate(dict(base, mixer=dict(mixer.model_dump(), expand=expand))).model_dump_json())
+        return _count(ModelConfig.model_validate(dict(base, mixer=dict(mixer.model_dump(), **{field: expand}))).model_dump_json())
 
     # parameters are linear in d_inner: solve from two probes, then check the rounding neighbours
     p1, p4 = count_with(1.0), count_with(4.0)
@@ -71,22 +85,23 @@ def matched_mixer(model_cfg: ModelConfig):
     step = 64 / model_cfg.d_model
     cands = [max(0.25, guess + k * step / 2) for k in range(-2, 3)]
     best = min(cands, key=lambda e: abs(count_with(e) - target))
-    return type(mixer).model_validate(dict(mixer.model_dump(), expand=round(best, 4)))
+    return type(mixer).model_validate(dict(mixer.model_dump(), **{field: round(best, 4)}))
 
 
 def matched_mlp(model_cfg: ModelConfig):
     """The MLP config whose width makes ``model_cfg``'s non-embedding parameters match Transformer++
-    at the same d_model / n_layers (solved on ``hidden_mult``). Returns the MLP config unchanged when
-    the MLP has no width or the mixer is the reference."""
+    at the same d_model / n_layers (solved on the MLP's ``match_field``, ``hidden_mult``). Returns the MLP
+    config unchanged when the MLP has no width or the mixer is the reference."""
     mlp = model_cfg.mlp
     if model_cfg.mixer.model_dump(exclude_defaults=True) == {} and model_cfg.mixer.name == REFERENCE_MIXER["name"] and mlp.name == "swiglu":
         return mlp  # Transformer++ itself
-    if "hidden_mult" not in type(mlp).model_fields:
+    field = mlp_class(mlp.name).match_field
+    if field is None:
         return mlp
     base, target = _matching_target(model_cfg)
 
     def count_with(mult):
-        return _count(ModelConfig.model_validate(dict(base, mlp=dict(mlp.model_dump(), hidden_mult=mult))).model_dump_json())
+        return _count(ModelConfig.model_validate(dict(base, mlp=dict(mlp.model_dump(), **{field: mult}))).model_dump_json())
 
     # MLP parameters are linear in the width: solve from two probes, then check the rounding neighbours
     p1, p4 = count_with(1.0), count_with(4.0)
@@ -97,4 +112,4 @@ def matched_mlp(model_cfg: ModelConfig):
     step = 8 / model_cfg.d_model
     cands = [max(0.05, guess + k * step) for k in (-1, -0.5, 0, 0.5, 1)]
     best = min(cands, key=lambda m: abs(count_with(m) - target))
-    return parse_mlp_config(dict(mlp.model_dump(), hidden_mult=round(best, 4)))
+    return parse_mlp_config(dict(mlp.model_dump(), **{field: round(best, 4)}))

@@ -15,7 +15,7 @@ import torch
 from pydantic import Field, field_validator, model_validator
 from torch import nn
 
-from .config_base import Strict
+from .config_base import ConfigError, Strict
 from .kernels.linear_ce import IMPLS as HEAD_IMPLS
 from .kernels.linear_ce import lm_head_loss
 from .mixers import MixerConfig, build_mixer, mlp_class, parse_mixer_config, parse_mlp_config
@@ -128,15 +128,32 @@ class LM(nn.Module):
 
     def _init_weights(self):
         """GPT-2 style: N(0, std) for embeddings and projections unless a mixer initialised its
-        own parameters specially (mixers mark those with ``_no_reinit``); residual output
-        projections scaled by 1/sqrt(2 N)."""
+        own parameters specially (mixers mark those with ``_no_reinit``); the residual output
+        projections each mixer and feed-forward block declares (``out_projections``) scaled by 1/sqrt(2 N)."""
         std = self.cfg.init_std
+        residual = self._out_projections()
         for name, mod in self.named_modules():
             if getattr(mod, "_no_reinit", False):
                 continue
             if isinstance(mod, (nn.Linear, nn.Embedding)) and not getattr(mod.weight, "_no_reinit", False) and not mod.weight.is_meta:
-                s = std / math.sqrt(2 * self.cfg.n_layers) if name.endswith(("o_proj", "out_proj", "down")) else std
+                s = std / math.sqrt(2 * self.cfg.n_layers) if name in residual else std
                 nn.init.normal_(mod.weight, 0.0, s)
+
+    def _out_projections(self) -> set[str]:
+        """Full module names of the layers that write into the residual stream, as each block's mixer and
+        feed-forward block declare them; a declared name that is not an nn.Linear of that part is an error."""
+        names = set()
+        for i, blk in enumerate(self._blocks()):
+            for part in (blk.mixer, blk.mlp):
+                linears = {n for n, m in part.named_modules() if isinstance(m, nn.Linear)}
+                for proj in type(part).out_projections:
+                    if proj not in linears:
+                        raise ConfigError(
+                            f"{type(part).__module__}.{type(part).__qualname__}.out_projections: {proj!r} is not an nn.Linear of it "
+                            f"(its nn.Linear layers: {', '.join(sorted(linears)) or 'none'})"
+                        )
+                    names.add(f"blocks.{i}.{'mixer' if part is blk.mixer else 'mlp'}.{proj}")
+        return names
 
     def forward(self, idx: torch.Tensor, state=None, *, targets: torch.Tensor | None = None, reduction: str = "mean", ignore_index: int = -100):
         """idx [B, T] -> (logits [B, T, V], new state). With ``targets`` [B, T] -> (loss, new state): the

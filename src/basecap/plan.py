@@ -40,7 +40,6 @@ GPU_ALIASES = {"A100": "A100-80GB", "H100": "H100-80GB", "H200": "H200-141GB", "
 MODEL_STATE_BYTES = 16  # fp32 weights 4 + grads 4 + AdamW exp_avg 4 + exp_avg_sq 4
 DDP_BUCKET_BYTES = 4  # DDP's flat fp32 gradient buckets (gradient_as_bucket_view=False)
 RESERVE_GIB = 2.0  # CUDA context, cuBLAS/NCCL workspaces, allocator slack
-DEFAULT_CHUNK = 64
 GiB = 2**30
 
 
@@ -73,11 +72,18 @@ def run_vocab(rc: RunConfig) -> tuple[int, str]:
 
 def _chunk_state_bytes(mixer: Mixer, seq_len: int) -> float:
     """Per token: a mixer with a constant-size recurrent state keeps one state per chunk of its
-    chunked training form for the backward pass (state_size is fp32 bytes per sequence)."""
+    chunked training form for the backward pass (state_size is fp32 bytes per sequence; the chunk is the
+    mixer's declared ``chunk_size()``)."""
     s = mixer.state_size(seq_len)
     if s <= 0 or s != mixer.state_size(max(1, seq_len // 2)):
         return 0.0  # no state, or a KV cache (fused attention keeps only q, k, v, o: counted as projections)
-    return s / (getattr(mixer.cfg, "chunk_size", None) or DEFAULT_CHUNK)
+    chunk = mixer.chunk_size()
+    if not chunk:
+        raise ConfigError(
+            f"model.mixer: {mixer.cfg.name} keeps a constant-size recurrent state but declares no chunk_size() (the chunk its "
+            "training form keeps one state per), so its activation memory cannot be planned; see docs/adding_a_mixer.md"
+        )
+    return s / chunk
 
 
 def activation_bytes_per_token(model, seq_len: int) -> dict[str, float]:

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from pydantic import Field, model_validator
 from torch import nn
 
-from .base import Mixer, MixerConfig, State
+from .base import LINEAR, WINDOWED, Mixer, MixerConfig, State
 from .kit.heads import empty_kv, merge_heads, n_heads_for, qkvo_projections, split_heads
 from .kit.rope import rope_qk
 
@@ -63,6 +63,9 @@ class Attention(Mixer):
     cfg: AttentionConfig
     slopes: torch.Tensor  # ALiBi's buffer (position "alibi" only)
     impls = ("ref", "fast")
+    out_projections = ("o_proj",)
+    match_field = None
+    compiles = True
     test_variants = [
         {"head_dim": 8, **switches}
         for switches in (
@@ -194,3 +197,12 @@ class Attention(Mixer):
         # q.k and p.v: 2 matmuls x 2 flops x H*D per visible key; a causal query sees (T+1)/2 keys on average
         avg_ctx = (seq_len + 1) / 2 if not self.cfg.window else min(self.cfg.window, (seq_len + 1) / 2)
         return 4 * self.n_heads * self.head_dim * avg_ctx
+
+    def cost(self, seq_len: int) -> str:
+        cost = super().cost(seq_len)
+        return WINDOWED if cost == LINEAR and self.cfg.window else cost
+
+    def chunk_size(self) -> int | None:
+        # a window makes the KV cache a constant-size state, which the plan counts once per 64 tokens of training
+        # (docs/scaling.md's default chunk, kept so that plans do not move); full attention keeps none
+        return 64 if self.cfg.window else None

@@ -31,7 +31,7 @@ from pydantic import Field, field_validator
 from torch import nn
 
 from ..ops.linear_attn import taylor_features, taylor_linear_attn_chunked
-from .base import Mixer, MixerConfig, State
+from .base import LINEAR, WINDOWED, Mixer, MixerConfig, State
 from .kit.rope import rope_qk
 
 
@@ -118,6 +118,9 @@ class Based(Mixer):
     config_class = BasedConfig
     cfg: BasedConfig
     impls = ("ref", "chunked")
+    out_projections = ("o_proj",)
+    match_field = None
+    compiles = True
     test_variants = [
         {"n_heads": 4, "feature_dim": 4, "head_dim": 8, "window": 5},
         {"n_heads": 4, "feature_dim": 4, "branches": "linear"},
@@ -227,3 +230,7 @@ class Based(Mixer):
             # block-local form scores 2W keys per query (half of them masked)
             flops += 4.0 * self.w_heads * self.w_dim * 2 * self.cfg.window
         return flops
+
+    def cost(self, seq_len: int) -> str:
+        cost = super().cost(seq_len)
+        return WINDOWED if cost == LINEAR and self.cfg.window else cost

@@ -46,6 +46,9 @@ class DeltaNet(DeltaRuleState, Mixer):
     config_class = DeltaNetConfig
     cfg: DeltaNetConfig
     impls = ("ref", "chunked")
+    out_projections = ("o_proj",)
+    match_field = None
+    compiles = True
     test_variants = [{"head_dim": 8}, {"head_dim": 8, "short_conv": False}]
     fast_kernels = "fla"
 

@@ -59,6 +59,9 @@ class GatedDeltaNet(DeltaRuleState, Mixer):
     config_class = GatedDeltaNetConfig
     cfg: GatedDeltaNetConfig
     impls = ("ref", "chunked")
+    out_projections = ("o_proj",)
+    match_field = None
+    compiles = True
     test_variants = [{"n_heads": 2, "head_dim": 8}, {"n_heads": 2, "head_dim": 8, "short_conv": False}]
     fast_kernels = "fla"
 

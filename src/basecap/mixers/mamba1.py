@@ -59,6 +59,9 @@ class Mamba1(Mixer):
     config_class = Mamba1Config
     cfg: Mamba1Config
     impls = ("ref", "chunked")
+    out_projections = ("out_proj",)
+    match_field = "expand"
+    compiles = True
     # every switch value once; short_conv=false on the no-decay variant, as the paper ablates it
     test_variants = [
         {"d_state": 4, **switches}

@@ -66,6 +66,9 @@ class Mamba2(Mixer):
     config_class = Mamba2Config
     cfg: Mamba2Config
     impls = ("ref", "chunked")
+    out_projections = ("out_proj",)
+    match_field = "expand"
+    compiles = True
     # every switch value once (out_norm=false with the shared decay); short_conv=false on the no-decay
     # variant, as the paper ablates it
     test_variants = [

@@ -22,6 +22,8 @@ class SwiGLU(nn.Module):
     """SwiGLU feed-forward (Shazeer 2020), as in Llama: down(silu(gate(x)) * up(x))."""
 
     config_class = SwiGLUConfig
+    out_projections = ("down",)  # as a mixer's: scaled by 1/sqrt(2 n_layers) at init
+    match_field = "hidden_mult"  # the width parameter matching solves on
 
     def __init__(self, d_model: int, cfg: SwiGLUConfig, layer_idx: int = 0, max_seq_len: int = 2048):
         super().__init__()
@@ -48,6 +50,8 @@ class NoMLP(nn.Module):
     """No feed-forward block (e.g. Mamba stacks mixers only)."""
 
     config_class = NoMLPConfig
+    out_projections = ()
+    match_field = None  # no width: the mixer's match_field is matched instead
 
     def __init__(self, d_model: int, cfg: NoMLPConfig, layer_idx: int = 0, max_seq_len: int = 2048):
         super().__init__()

@@ -51,6 +51,9 @@ class RWKV5(RWKVTimeMixing, Mixer):
     config_class = RWKV5Config
     cfg: RWKV5Config
     impls = ("ref", "chunked")
+    out_projections = ("o_proj",)
+    match_field = None
+    compiles = True
     test_variants = [{"head_dim": 8}]
 
     def __init__(self, d_model: int, cfg: RWKV5Config, layer_idx: int = 0, max_seq_len: int = 2048):

@@ -54,6 +54,9 @@ class RWKV6(RWKVTimeMixing, Mixer):
     config_class = RWKV6Config
     cfg: RWKV6Config
     impls = ("ref", "chunked")
+    out_projections = ("o_proj",)
+    match_field = None
+    compiles = True
     test_variants = [{"head_dim": 8, "mix_lora_rank": 4, "decay_lora_rank": 8}]
     fast_kernels = "fla"
 

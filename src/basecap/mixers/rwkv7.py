@@ -52,6 +52,9 @@ class RWKV7(RWKVTimeMixing, Mixer):
     config_class = RWKV7Config
     cfg: RWKV7Config
     impls = ("ref", "chunked")
+    out_projections = ("o_proj",)
+    match_field = None
+    compiles = True
     test_variants = [{"head_dim": 8, "decay_lora_rank": 8, "a_lora_rank": 4, "gate_lora_rank": 8}]
     fast_kernels = "fla"
 

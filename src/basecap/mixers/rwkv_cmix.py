@@ -34,6 +34,8 @@ class RWKVChannelMixConfig(Strict):
 
 class RWKVChannelMix(nn.Module):
     config_class = RWKVChannelMixConfig
+    out_projections = ("down",)
+    match_field = "hidden_mult"
 
     def __init__(self, d_model: int, cfg: RWKVChannelMixConfig, layer_idx: int = 0, max_seq_len: int = 2048):
         super().__init__()

@@ -41,7 +41,7 @@ from ..ops.top1 import (
     merge_softmax,
     st_gate,
 )
-from .base import State
+from .base import QUADRATIC, State
 from .kit.selection import SelectionConfig, SelectionMixer
 
 
@@ -60,6 +60,12 @@ class Top1Chunk(SelectionMixer):
     config_class = Top1ChunkConfig
     cfg: Top1ChunkConfig
     impls = ("ref", "chunked")
+    out_projections = ("o_proj",)
+    match_field = None
+    compiles = True
+    # the selection mode changes the algorithm (docs/top1.md): Exact scores every visible key to choose a chunk;
+    # Approx scores the T/C chunk means, then attends inside one chunk of C
+    cost_modes = ("selection", {"exact": QUADRATIC, "approx": "O(T^2/C + T C) train, O(T/C + C) per decoded token"})
     test_variants = [
         {"head_dim": 8, "chunk_len": 8, **switches}
         for switches in (

@@ -31,6 +31,9 @@ class Top1Element(SelectionMixer):
     config_class = Top1ElementConfig
     cfg: Top1ElementConfig
     impls = ("ref", "chunked")
+    out_projections = ("o_proj",)
+    match_field = None
+    compiles = True
     test_variants = [
         {"head_dim": 8, **switches}
         for switches in (
