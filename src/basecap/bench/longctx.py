@@ -370,7 +370,7 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--vocab", type=int, default=2048, help="the small-vocab corpus's")
     ap.add_argument("--chunk-len", type=int, default=128, help="Top-1 Chunk's C (the paper's 128)")
     ap.add_argument("--reps", type=int, default=2, help="timed training steps per length (min and median reported)")
-    ap.add_argument("--single-step-s", type=float, default=300, help="a first timed step longer than this is not repeated")
+    ap.add_argument("--single-step-s", type=float, default=150, help="a first timed step longer than this is not repeated")
     ap.add_argument("--warmup-len", type=int, default=2048, help="the one warm-up training step's length")
     ap.add_argument("--decode-tokens", type=int, default=16)
     ap.add_argument("--budget-s", type=float, default=600, help="seconds per thread count (0: no budget)")
