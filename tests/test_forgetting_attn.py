@@ -178,7 +178,7 @@ def test_fast_on_cpu_is_a_clear_error_and_auto_is_the_chunked_form():
 
 def test_forget_gate_starts_with_zero_bias_and_the_pro_switch_adds_its_parts():
     plain, pro = mixer(), mixer(qk_norm_output_gate=True)
-    assert torch.equal(plain.f_proj.bias, torch.zeros(4)) and plain.f_proj.out_features == 4
+    assert torch.equal(plain.f_bias, torch.zeros(4)) and plain.f_proj.out_features == 4 and plain.f_proj.bias is None
     extra = {n for n, _ in pro.named_parameters()} - {n for n, _ in plain.named_parameters()}
     assert extra == {"q_norm_weight", "k_norm_weight", "g_proj.weight"}
     assert pro.q_norm_weight.dim() == 1  # not weight-decayed

@@ -121,10 +121,11 @@ class ForgettingAttn(Mixer):
         self.head_dim = cfg.head_dim
         H, D = self.n_heads, self.head_dim
         self.q_proj, self.k_proj, self.v_proj, self.o_proj = qkvo_projections(d_model, H, D)
-        # the forget gate: one logit per head; the backbone's N(0, std) init sets the weight, and the bias starts
-        # at zero as in the authors' code for the data-dependent gate (the backbone never re-initialises biases)
-        self.f_proj = nn.Linear(d_model, H, bias=True)
-        nn.init.zeros_(self.f_proj.bias)
+        # the forget gate: one logit per head; the backbone's N(0, std) init sets the weight, and the bias starts at
+        # zero as in the authors' code for the data-dependent gate (a parameter of its own: the backbone's Linears
+        # have no biases)
+        self.f_proj = nn.Linear(d_model, H, bias=False)
+        self.f_bias = nn.Parameter(torch.zeros(H))
         if cfg.qk_norm_output_gate:
             # per-head RMSNorm gains, flat so that weight decay (two or more dims only) leaves them alone
             self.q_norm_weight = nn.Parameter(torch.ones(H * D))
@@ -143,7 +144,7 @@ class ForgettingAttn(Mixer):
             q, k = self._qk_norm(q, self.q_norm_weight), self._qk_norm(k, self.k_norm_weight)
         if cfg.position == "rope":
             q, k = rope_qk(q, k, offset, cfg.rope_theta)
-        log_f = F.logsigmoid(self.f_proj(x).float()).transpose(1, 2)  # [B, H, T], fp32
+        log_f = F.logsigmoid(self.f_proj(x).float() + self.f_bias.float()).transpose(1, 2)  # [B, H, T], fp32
         scale = self.head_dim**-0.5
         cache = None if state is None else cast(Cache, (state["k"], state["v"], state["log_forget"]))
         impl = self.resolve_impl(x)
