@@ -73,12 +73,12 @@ def _fake(spec, timeout):
 
 
 def test_no_length_is_dropped_silently_over_the_budget():
-    o = {**OPTS, "lengths": [1024, 2048, 4096], "threads": [1, 2], "budget_s": 20}
+    o = {**OPTS, "lengths": [1024, 2048, 4096], "threads": [1, 2], "budget_s": 12}
     rows = longctx.run_grid(o, _fake, log=lambda *_: None)
     assert len(rows) == 2 * 3 * 2 * 2  # threads x T x kind x variant, each once
     by = {(r["threads"], r["T"], r["kind"], r["variant"]): r for r in rows}
-    over = by[(1, 4096, "train", "transformer_pp")]  # 2 x 4.2 s x the FLOP ratio > the 20 s budget
-    assert over["status"] == "over_budget" and over["predicted_s"] > 20 and "predicted" in over["reason"]
+    over = by[(1, 4096, "train", "transformer_pp")]  # even one step, 4.2 s x the FLOP ratio, is over the 12 s budget
+    assert over["status"] == "over_budget" and over["predicted_s"] > 12 and "1 x 2048's step" in over["reason"]
     assert by[(1, 4096, "train", "top1_chunk_approx")]["status"] == "ok"
     assert by[(1, 4096, "decode", "transformer_pp")]["status"] == "ok"  # a forward fits where the training step did not
     rat = {(r["threads"], r["T"]): r for r in longctx.ratios(rows, "transformer_pp")}
@@ -144,3 +144,15 @@ def test_training_comes_first_and_the_shortest_predicted_measurement_next():
     assert [(r["T"], r["kind"], r["variant"]) for r in rows] == [
         (T, k, v) for T in (1024, 2048, 4096) for k in ("train", "decode") for v in ("transformer_pp", "top1_chunk_approx")
     ]
+
+
+def test_a_step_whose_repeats_would_not_fit_is_timed_once():
+    seen = {}
+    o = {**OPTS, "lengths": [1024, 2048, 4096], "budget_s": 20}
+    rows = longctx.run_grid(
+        o,
+        lambda spec, t: seen.setdefault((spec["variant"], spec["T"], spec["kind"]), spec["options"]["reps"]) and _fake(spec, t),
+        log=lambda *_: None,
+    )
+    assert seen[("transformer_pp", 2048, "train")] == 2 and seen[("transformer_pp", 4096, "train")] == 1  # 2 x 14.5 s > 20 s left
+    assert all(r["status"] == "ok" for r in rows)

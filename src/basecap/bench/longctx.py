@@ -4,8 +4,9 @@ GPUs). Not the paper's setting: the small CPU size (width 128, depth 4, vocabula
 
 Per thread count and length T (default 16k, 32k, 64k, 100k), for Top-1 Chunk Approx and Transformer++ (causal SDPA):
 - train: one training step (forward, backward, AdamW) at T after one warm-up step at ``--warmup-len``; seconds per
-  step (min and median of ``--reps``; one step only when the first takes over ``--single-step-s``), tokens/s
-  (T / median), and the peak resident-set growth of the first step;
+  step (min and median of ``--reps``; one step only when the first takes over ``--single-step-s``, or when the
+  repeats are predicted not to fit what is left of the budget), tokens/s (T / median), and the peak resident-set
+  growth of the first step;
 - decode: after a warm-up prefill of ``--warmup-len`` tokens, a prefill of T tokens (forward only), then
   ``--decode-tokens`` tokens one at a time (after two warm-up tokens); tokens/s (1 / median seconds per token), the
   state's bytes per token (``LM.state_size(T) / T``: the KV cache, plus Approx's per-chunk key sums), the
@@ -213,9 +214,10 @@ def _cost(variant: str, T: int, o: dict, cache: dict) -> float:
     return cache[variant].flops_per_token(T) * T
 
 
-def _predict(rows: list[dict], spec: dict, o: dict, cache: dict) -> tuple[float | None, str]:
+def _predict(rows: list[dict], spec: dict, o: dict, cache: dict, left: float = float("inf")) -> tuple[float | None, str, int]:
     """Predicted seconds of a measurement, from the last measured length of its variant and kind (or, for a decode,
-    the training step at its length), scaled by the model's FLOPs."""
+    the training step at its length), scaled by the model's FLOPs; and the training steps to time: ``reps``, or one
+    where a step is predicted over ``single_step_s`` or ``reps`` of them over the ``left`` seconds."""
     v, kind, T, th = spec["variant"], spec["kind"], spec["T"], spec["threads"]
     ok = [r for r in rows if r["status"] == "ok" and r["variant"] == v and r["threads"] == th]
     prev = max((r for r in ok if r["kind"] == kind and r["T"] < T), key=lambda r: r["T"], default=None)
@@ -223,13 +225,14 @@ def _predict(rows: list[dict], spec: dict, o: dict, cache: dict) -> tuple[float 
         scale = _cost(v, T, o, cache) / _cost(v, prev["T"], o, cache)
         if kind == "train":
             step = prev["step_s_median"] * scale
-            return (1 if step > o["single_step_s"] else o["reps"]) * step, f"{prev['T']}'s step x {scale:.2f} (FLOPs)"
+            n = 1 if step > o["single_step_s"] or o["reps"] * step > left else o["reps"]
+            return n * step, f"{n} x {prev['T']}'s step x {scale:.2f} (FLOPs)", n
         per_token = prev["decode_s_per_token_median"] * T / prev["T"]
-        return prev["prefill_s"] * scale + (o["decode_tokens"] + 2) * per_token, f"{prev['T']}'s decode x {scale:.2f} (FLOPs)"
+        return prev["prefill_s"] * scale + (o["decode_tokens"] + 2) * per_token, f"{prev['T']}'s decode x {scale:.2f} (FLOPs)", o["reps"]
     same = next((r for r in ok if r["kind"] == "train" and r["T"] == T), None)
     if kind == "decode" and same is not None:
-        return same["step_s_median"] / 3, "a third of the training step (forward only)"
-    return None, "no measurement to scale"
+        return same["step_s_median"] / 3, "a third of the training step (forward only)", o["reps"]
+    return None, "no measurement to scale", o["reps"]
 
 
 def run_grid(o: dict, runner: Callable[[dict, float | None], dict] = run_child, log=print) -> list[dict]:
@@ -250,7 +253,8 @@ def run_grid(o: dict, runner: Callable[[dict, float | None], dict] = run_child, 
                 for i, (v, todo) in enumerate(pending.items()):
                     if todo:
                         spec = {"variant": v, "kind": kind, "T": todo[0], "threads": threads, "options": o}
-                        pred, how = _predict(rows, spec, o, cache)
+                        pred, how, n = _predict(rows, spec, o, cache, left)
+                        spec["options"] = {**o, "reps": n}
                         options.append((pred or 0.0, todo[0], i, spec, pred, how))
                 _, T, _, spec, pred, how = min(options, key=lambda x: x[:3])
                 v = spec["variant"]
@@ -370,7 +374,9 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--vocab", type=int, default=2048, help="the small-vocab corpus's")
     ap.add_argument("--chunk-len", type=int, default=128, help="Top-1 Chunk's C (the paper's 128)")
     ap.add_argument("--reps", type=int, default=2, help="timed training steps per length (min and median reported)")
-    ap.add_argument("--single-step-s", type=float, default=150, help="a first timed step longer than this is not repeated")
+    ap.add_argument(
+        "--single-step-s", type=float, default=300, help="a step longer than this is timed once (so is one whose repeats would not fit the budget)"
+    )
     ap.add_argument("--warmup-len", type=int, default=2048, help="the one warm-up training step's length")
     ap.add_argument("--decode-tokens", type=int, default=16)
     ap.add_argument("--budget-s", type=float, default=600, help="seconds per thread count (0: no budget)")
