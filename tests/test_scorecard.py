@@ -114,11 +114,14 @@ def test_a_comparison_enters_the_family_once(tmp_path):
     (root / "results").mkdir()
     for s in ("top1", "architectures"):
         shutil.copytree(ROOT / "results" / s, root / "results" / s, ignore=shutil.ignore_patterns("*.png", "*.html"))
-    extra = ('\n[[claims]]\nid = "again"\nsection = "5"\npaper = "x"\nstudy = "architectures"\nexpect = "no_effect"\n'
+    # architectures' top1_chunk and transformer_pp records are copies of top1's top1_chunk_approx and transformer_pp
+    extra = ('\n[[claims]]\nid = "first"\nsection = "5"\npaper = "x"\nstudy = "top1"\nexpect = "no_effect"\n'
+             'run = "top1_chunk_approx"\nreference = "transformer_pp"\n'
+             '\n[[claims]]\nid = "again"\nsection = "5"\npaper = "x"\nstudy = "architectures"\nexpect = "no_effect"\n'
              'run = "top1_chunk"\nreference = "transformer_pp"\nseeds = [0, 1, 2]\n')
     p = root / "experiments/paper/claims.toml"
     p.write_text(p.read_text() + extra)
-    with pytest.raises(ConfigError, match="repeats the comparison of claim top1_chunk_approx_keeps"):
+    with pytest.raises(ConfigError, match="repeats the comparison of claim first"):
         build_scorecard(root)
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .cli_study import add_archive, add_plan, add_report, add_run, add_scorecard, add_train
+from .cli_study import add_archive, add_plan, add_principle, add_report, add_run, add_scorecard, add_train
 from .cli_tools import add_anneal, add_bench, add_data, add_eval, add_export, add_mixers, add_peak
 
 
@@ -49,6 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
         add_bench,
         add_peak,
         add_scorecard,
+        add_principle,
         add_anneal,
         add_archive,
     ):

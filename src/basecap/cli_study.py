@@ -1,4 +1,5 @@
-"""The commands over an experiment file or a study's runs: ``train``, ``run``, ``plan``, ``report`` and ``scorecard``.
+"""The commands over an experiment file or a study's runs: ``train``, ``run``, ``plan``, ``report``, ``scorecard`` and
+``principle mqar``.
 Each is a handler ``_cmd_<name>`` and the function that adds its parser ``add_<name>`` (listed in
 ``cli.build_parser``); handlers import what they call, so parsing stays quick."""
 
@@ -269,10 +270,15 @@ def _cmd_scorecard(args):
             print(f"{c['configuration']:45s} any false verdict {c['any_false']:.4f} (se {c['se']:.4f})")
         card = build_scorecard(root, args.claims)
     if args.figures:
+        from .scorecard.principle import FIGURE, plot_principle
         from .scorecard.robust import plot_gap_along_training
 
         n = plot_gap_along_training(card, root / "results" / "scorecard_gap_vs_level.png")
         print(f"drew the gap along training of {n} claims: results/scorecard_gap_vs_level.png")
+        if card.get("principle") and plot_principle(card["principle"], root / FIGURE):
+            print(f"drew the principle's points: {FIGURE}")
+        else:
+            print("the principle's figure is not drawn: no point has both its gap and its MQAR accuracy yet")
     files = generated_files(card, root)
     if not (args.write_readme or args.check):
         files = {p: t for p, t in files.items() if p.parent == root / "results"}
@@ -298,7 +304,11 @@ def add_scorecard(sub) -> None:
         "--write-readme", action="store_true", help="also regenerate README.md's Results section and each results/<study>/README.md's generated block"
     )
     s.add_argument("--check", action="store_true", help="write nothing; fail when a generated file is out of date")
-    s.add_argument("--figures", action="store_true", help="also draw results/scorecard_gap_vs_level.png (each claim's gap along training)")
+    s.add_argument(
+        "--figures",
+        action="store_true",
+        help="also draw results/scorecard_gap_vs_level.png (each claim's gap along training) and results/principle_mqar_vs_gap.png",
+    )
     s.add_argument(
         "--simulate",
         type=int,
@@ -306,3 +316,32 @@ def add_scorecard(sub) -> None:
         metavar="N",
         help="first simulate the family's chance of any false verdict under null configurations, N families each (results/error_control.json)",
     )
+
+
+def _cmd_principle_mqar(args):
+    """Measure the MQAR accuracy of the principle's points (experiments/paper/principle.toml) on its declared protocol
+    and add them to results/principle/mqar.json: every point and MQAR seed, or those named with --point and --seed. A
+    point and seed already in the file is skipped, so the command resumes, and several processes (one point each) can
+    share the file."""
+    from .scorecard.claims import CLAIMS_FILE, load_claims
+    from .scorecard.mqar_points import measure
+    from .scorecard.principle import MQAR_FILE, PRINCIPLE_FILE, load_principle
+
+    root = Path(args.root)
+    claims = load_claims(root / CLAIMS_FILE, root)
+    spec = load_principle(root / (args.principle or PRINCIPLE_FILE), claims, root)
+    out = Path(args.out) if args.out else root / MQAR_FILE
+    new = measure(spec, claims, root, out, args.point or None, args.seed or None, args.threads)
+    print(f"{len(new)} new point-seed result(s) in {out}")
+
+
+def add_principle(sub) -> None:
+    p = sub.add_parser("principle", help="the paper's principle as a claim: measure its points (principle.toml)")
+    psub = p.add_subparsers(dest="principle_command", required=True, metavar="COMMAND")
+    m = command(psub, "mqar", _cmd_principle_mqar, "MQAR accuracy of the principle's points on its protocol: results/principle/mqar.json")
+    m.add_argument("--point", action="append", default=[], metavar="LABEL", help='only this point, by its label (e.g. "Mamba-2"); repeatable')
+    m.add_argument("--seed", action="append", default=[], type=int, metavar="S", help="only this MQAR seed of the protocol; repeatable")
+    m.add_argument("--threads", type=int, default=None, metavar="N", help="torch threads (default: torch's)")
+    m.add_argument("--out", default=None, help="the JSON file (default: results/principle/mqar.json under --root)")
+    m.add_argument("--principle", default=None, help="the principle file (default: experiments/paper/principle.toml)")
+    m.add_argument("--root", default=".", help="the repository root with experiments/ and results/ (default: .)")

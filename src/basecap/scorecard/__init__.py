@@ -11,6 +11,9 @@ from ..config_base import ConfigError
 from .claims import CLAIMS_FILE, load_claims
 from .scale import scale_steps
 from .compute import claim_values, comparison_key, lacking_runs, load_study, provenance, scale_of_config, scale_of_run
+from .metrics import metric_key, metric_row
+from .predictions import predictions
+from .principle import PRINCIPLE_FILE, load_principle, principle_row
 from .robust import apply_plan, arms_of, combine, gap_along_training, plan_of, specifications
 from .verdicts import NOT_RUN, UNTESTABLE, claim_margin, decide, claim_tests
 
@@ -70,11 +73,16 @@ def plans(claims, rows: list[dict]) -> dict:
     return out
 
 
-def build_scorecard(root: str | Path = ".", claims_path: str | Path | None = None) -> dict:
-    """The scorecard of the claims file against the studies under ``root``/results (paths relative to ``root``)."""
+def build_scorecard(root: str | Path = ".", claims_path: str | Path | None = None, principle_path: str | Path | None = None) -> dict:
+    """The scorecard of the claims file against the studies under ``root``/results (paths relative to ``root``),
+    with the principle (principle.toml beside the claims file, when it exists) as one more claim of the family and its
+    predictions outside it."""
     root = Path(root)
-    claims = load_claims(root / (claims_path or CLAIMS_FILE), root)
+    claims_file = root / (claims_path or CLAIMS_FILE)
+    claims = load_claims(claims_file, root)
     studies = load_studies(root / "results")
+    principle_file = root / principle_path if principle_path else claims_file.with_name(PRINCIPLE_FILE.name)
+    spec = load_principle(principle_file, claims, root) if principle_file.is_file() else None
     copies = provenance(studies)
     copy_of = {(c["study"], c["run"]): c["copy_of"] for c in copies}
     rows: list[dict] = []
@@ -97,6 +105,10 @@ def build_scorecard(root: str | Path = ".", claims_path: str | Path | None = Non
             "domains": domains,
             "measure": c.measure,
             "family": c.untestable is None and c.gpu is None,
+            "gpu_family": c.untestable is None and c.gpu is not None,  # the paper's GPU-scale claims: a family of their own
+            "metric": c.metric,
+            "margin": c.margin,
+            "analogue_of": c.analogue_of,
             "claim_obj": c,
             "test": None,
             "verdict": NOT_RUN,
@@ -118,6 +130,15 @@ def build_scorecard(root: str | Path = ".", claims_path: str | Path | None = Non
         folder = claims.results_dir(c.study)
         st = studies.get(folder)
         scale_run = c.run or c.reference
+        if c.metric != "ood_gap":  # a speed ratio or an accuracy: its own records and test (metrics.py)
+            metric_row(row, c, claims, studies, root, plan_of(claims, c.study))
+            row["scale"] = scale_of_config(root, study.experiment, study.size, scale_run)
+            if row["test"] is not None:
+                key = metric_key(c)
+                if key in seen:
+                    raise ConfigError(f"claim {c.id} repeats the comparison of claim {seen[key]}: a comparison enters the family once")
+                seen[key] = c.id
+            continue
         if st is None:
             row["scale"] = scale_of_config(root, study.experiment, study.size, scale_run)
             row["detail"] = (
@@ -153,15 +174,22 @@ def build_scorecard(root: str | Path = ".", claims_path: str | Path | None = Non
         row["arms"] = arms_of(c, claims, studies, domains)
         row["study_obj"] = st
         combine(row)
+    principle = None
+    if spec is not None:
+        row, principle = principle_row(spec, claims, studies, root)
+        rows.append(row)
     m = decide(rows, claims.alpha, claims.power)
+    m_gpu = decide(rows, claims.alpha, claims.power, family="gpu_family")
     for r in rows:
-        if r["family"] and r.get("test") and r["test"]["n"] >= 2:
+        if r["family"] and r.get("test") and r["test"]["n"] >= 2 and r["metric"] == "ood_gap":
             specifications(r, r["claim_obj"], r["study_obj"], claims, r["domains"], claims.alpha)
             r["gap_along_training"] = gap_along_training(r["claim_obj"], r["study_obj"], r["domains"])
     steps = scale_steps(root, claims, studies, rows)
     for r in rows:
-        for k in ("claim_obj", "study_obj", "plan"):
+        for k in ("claim_obj", "study_obj", "plan", "decider"):
             r.pop(k, None)
+        if r.get("test"):
+            r["test"].pop("_resampled", None)
     n_records = sum(len(st.runs) for st in studies.values())
     sim_path = root / "results" / "error_control.json"
     error_control = json.loads(sim_path.read_text(encoding="utf-8")) if sim_path.is_file() else None
@@ -173,8 +201,11 @@ def build_scorecard(root: str | Path = ".", claims_path: str | Path | None = Non
         "alpha": claims.alpha,
         "power": claims.power,
         "family_size": m,
+        "gpu_family_size": m_gpu,
         "claims": rows,
         "scale_steps": steps,
+        "principle": principle,
+        "predictions": predictions(spec, claims, studies) if spec is not None else [],
         "studies": sorted(studies),
         "run_records": n_records,
         "distinct_runs": len({fp for st in studies.values() for fp in st.fingerprints.values()}),

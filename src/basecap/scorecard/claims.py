@@ -17,6 +17,11 @@ from ..config_base import ConfigError, Strict, format_validation_error, valid_na
 
 CLAIMS_FILE = Path("experiments/paper/claims.toml")
 EXPECT = ("worse", "better", "no_effect", "small", "trend", "interaction")
+# What a claim's statistic is (docs/metrics.md, "Scores that are not losses"): the OOD loss gap at matched in-domain
+# loss (lower is better), a speed ratio tested on the log scale, or an accuracy / retrieval score in points (higher
+# is better for both)
+METRICS = ("ood_gap", "speed_ratio", "accuracy")
+HIGHER_IS_BETTER = ("speed_ratio", "accuracy")
 DIRECTIONS = {"trend": ("falls", "rises"), "interaction": ("larger", "smaller")}
 # "primary": the study's primary gap (its design's, when it has one); a design's other measures by name (docs/metrics.md)
 MEASURES = ("primary", "legacy", "evals_all", "evals_seen", "annealed_all", "annealed_seen")
@@ -66,6 +71,15 @@ class Arm(Strict):
     reference: str
 
 
+class ScoreSource(Strict):
+    """Where an accuracy claim reads a run's score: a key of one of its suite results (``eval_<suite>.json`` in the
+    run's archived records, ``suite_<name>/`` for a named suite entry), a fraction in [0, 1]."""
+
+    suite: str  # e.g. "niah", "lm-eval"
+    name: str | None = None  # a named suite entry (two entries of one suite)
+    key: str  # a dotted path into the result, e.g. "accuracy_by_length.8192" or "summary.arc_easy.acc"
+
+
 class Claim(Strict):
     id: str
     section: str
@@ -85,6 +99,15 @@ class Claim(Strict):
     arms: list[Arm] = []  # the rate arms (or other specifications) the verdict must also hold in
     gpu: str | None = None  # needs the paper's GPU scale: what would have to run
     untestable: str | None = None  # no study can test it: why
+    metric: Literal["ood_gap", "speed_ratio", "accuracy"] = "ood_gap"  # what the statistic is (METRICS)
+    margin: float | None = None  # a claim whose metric is not the loss gap states its own margin: a speed ratio's
+    # as a ratio above 1 (2 = "at least 2x", 1.1 = "within 10%"; tested as its log), an accuracy's in points (0-100)
+    at: dict[str, int | float | str] = {}  # speed_ratio: which benchmark record, e.g. { phase = "train", length =
+    # 65536, threads = 1 } (docs/metrics.md, "Scores that are not losses": the schema of speed.json)
+    records: str | None = None  # speed_ratio: the benchmark's file in the study's results folder (default speed.json)
+    bench_names: dict[str, str] = {}  # speed_ratio: the benchmark's name of a run where it differs (its variant)
+    score: list[ScoreSource] = []  # accuracy: the run's score, the mean of these suite results' values
+    analogue_of: str | None = None  # a CPU analogue of a claim at the paper's GPU scale: that claim's id
 
     @field_validator("id")
     @classmethod
@@ -120,13 +143,50 @@ class Claim(Strict):
         has_control = self.control_run is not None or self.control_reference is not None
         if (self.expect == "interaction") != has_control or (has_control and None in (self.control_run, self.control_reference)):
             raise ValueError("an interaction, and only an interaction, names control_run and control_reference")
+        self._check_metric()
         return self
+
+    def _check_metric(self) -> None:
+        """A claim whose statistic is not the loss gap: a run against a reference, its own margin in the metric's
+        unit, and where its records are read; a loss claim has none of these (its margin is the file's)."""
+        if self.metric == "ood_gap":
+            extra = [k for k in ("margin", "at", "score", "records", "bench_names") if getattr(self, k)]
+            if extra:
+                raise ValueError(
+                    f"{', '.join(extra)}: only a claim whose metric is not the OOD loss gap has its own (this one's margin is the file's)"
+                )
+            return
+        if self.expect not in ("worse", "better", "no_effect"):
+            raise ValueError(f"expect: a {self.metric} claim is worse, better or no_effect, got {self.expect!r}")
+        if self.arms or self.measure != "primary" or self.domains is not None:
+            raise ValueError(f"a {self.metric} claim has no arms, measure or domains (those are the loss gap's)")
+        if self.margin is None or not math.isfinite(self.margin):
+            raise ValueError(f"margin: a {self.metric} claim states its own margin")
+        if self.metric == "speed_ratio":
+            if not 1 < self.margin <= 100:
+                raise ValueError(f"margin: a speed ratio's margin is a ratio above 1 (2 = at least 2x, 1.1 = within 10%), got {self.margin:g}")
+            if not self.at or self.score:
+                raise ValueError("at: a speed_ratio claim names its benchmark record (e.g. phase, length, threads), and no score")
+            if set(self.bench_names) - {self.run, self.reference}:
+                raise ValueError(f"bench_names: names the benchmark's variant of the run or the reference, got {sorted(self.bench_names)}")
+            if self.records is not None and (Path(self.records).name != self.records or not self.records.endswith(".json")):
+                raise ValueError(f"records: a JSON file name in the study's results folder, got {self.records!r}")
+        elif self.metric == "accuracy":
+            if not 0 < self.margin < 100:
+                raise ValueError(f"margin: an accuracy's margin is in points, in (0, 100), got {self.margin:g}")
+            if not self.score or self.at or self.records is not None or self.bench_names:
+                raise ValueError("score: an accuracy claim names the suite results its score is read from, and no at, records or bench_names")
+
+    @property
+    def higher_is_better(self) -> bool:
+        return self.metric in HIGHER_IS_BETTER
 
     @property
     def sign(self) -> int:
         """+1 when the paper expects the statistic to be positive (worse, rises, larger), -1 when negative, 0 for
-        no effect."""
-        return {"worse": 1, "small": 1, "rises": 1, "larger": 1, "better": -1, "falls": -1, "smaller": -1}.get(self.direction or self.expect or "", 0)
+        no effect; for a metric where higher is better (a speed ratio, an accuracy) 'worse' is negative."""
+        s = {"worse": 1, "small": 1, "rises": 1, "larger": 1, "better": -1, "falls": -1, "smaller": -1}.get(self.direction or self.expect or "", 0)
+        return -s if self.higher_is_better else s
 
     @property
     def runs(self) -> list[str]:
@@ -165,6 +225,12 @@ class ClaimsFile(Strict):
             seen.add(c.id)
             if c.study is not None and c.study not in self.studies:
                 raise ValueError(f"claims[{i}] ({c.id}): unknown study {c.study!r}; studies: {', '.join(self.studies)}")
+            if c.analogue_of is not None:
+                target = next((x for x in self.claims if x.id == c.analogue_of), None)
+                if target is None or target.gpu is None or c.gpu is not None:
+                    raise ValueError(
+                        f"claims[{i}] ({c.id}): analogue_of: a CPU analogue (no gpu) of a claim at the paper's GPU scale, got {c.analogue_of!r}"
+                    )
             for a in c.arms:
                 if a.study not in self.studies:
                     raise ValueError(f"claims[{i}] ({c.id}): arm {a.label!r}: unknown study {a.study!r}")

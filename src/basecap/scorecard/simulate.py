@@ -5,7 +5,8 @@ tests (``claim_tests``) and family (``family_adjust``). ``basecap scorecard --si
 
 Configurations (each claim's true gap; its seed count and seed sd are the published claim's, or 5 seeds and the
 family's median sd for a claim that has not run; claims not run at the CPU scale count with p = 1, as in the
-scorecard):
+scorecard; so do the claims whose test is not a t-test over seeds, the principle's bootstrap and a speed or accuracy
+claim's Welch or proportions test, listed in ``not_simulated``):
 - ``holds_boundary``: every claim where a false 'holds' is likeliest: a direction's gap 0, a no-effect gap at the
   margin, a small harm's gap 0;
 - ``fails_boundary``: where a false 'fails' is likeliest: a direction's gap at the margin, a no-effect gap just
@@ -57,6 +58,8 @@ def _family(card: dict) -> list[SimpleNamespace]:
     out = []
     for r in fam:
         t = r.get("test") or {}
+        if r.get("kind") == "principle" or t.get("method") in ("bootstrap", "welch", "proportions"):
+            t = {}  # not a one-sample t-test over seeds: simulated as not run (p = 1), listed in not_simulated
         sign = {"worse": 1, "small": 1, "rises": 1, "larger": 1, "better": -1, "falls": -1, "smaller": -1}.get(r["direction"] or r["expect"] or "", 0)
         out.append(
             SimpleNamespace(
@@ -64,6 +67,7 @@ def _family(card: dict) -> list[SimpleNamespace]:
                 expect=r["expect"],
                 sign=sign,
                 run=t.get("n", 0) >= 2,
+                simulated=r.get("kind") != "principle" and (r.get("test") or {}).get("method") not in ("bootstrap", "welch", "proportions"),
                 n=t.get("n") or 5,
                 sd=t.get("sd") or median,
                 margin=t.get("margin") or card["margin"],
@@ -129,6 +133,7 @@ def simulate(card: dict, n_sim: int = 1000, seed: int = 0) -> dict:
         "seed": seed,
         "family_size": len(claims),
         "claims_run": sum(c.run for c in claims),
+        "not_simulated": [c.id for c in claims if not c.simulated],
         "configurations": family_only,
         "old_rule": [c for c in out if c["rule"] == "old"],
     }

@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import math
 
+from scipy import stats
+
 from ..report import equivalence as eq
 from ..report.stats import paired_test, simultaneous_ci
 
@@ -34,7 +36,12 @@ LEAN = {"pair": ("worse", "better"), "trend": ("rises", "falls"), "interaction":
 
 def claim_margin(claim, margin: float) -> float:
     """The margin of a claim's statistic: the gap margin, or for a trend the slope that changes the gap by the
-    margin over the whole range of x (per doubling of x)."""
+    margin over the whole range of x (per doubling of x); a claim with another metric states its own (a speed
+    ratio's is tested as its log)."""
+    if claim.metric == "speed_ratio":
+        return math.log(claim.margin)
+    if claim.metric != "ood_gap":
+        return claim.margin
     if claim.expect == "trend":
         xs = list(claim.x.values())
         return margin / math.log2(max(xs) / min(xs))
@@ -43,6 +50,22 @@ def claim_margin(claim, margin: float) -> float:
 
 def _design(claim) -> str:
     return claim.expect if claim.expect in ("trend", "interaction") else "pair"
+
+
+def _lean_words(claim) -> tuple[str, str]:
+    """The words for a positive and a negative estimate (a higher accuracy or speed is better)."""
+    up, down = LEAN[_design(claim)]
+    return (down, up) if claim.higher_is_better else (up, down)
+
+
+def corrected_interval(t: dict, level: float) -> tuple[float, float] | None:
+    """The two-sided interval at ``level`` of a claim's estimate: Student t over its units (seeds, repeats), or the
+    normal interval of a difference of proportions (``se``, when the units are examples)."""
+    if t.get("method") in ("proportions", "welch"):  # an estimate with its standard error (Welch: its degrees of freedom)
+        dist = stats.t(t["df"]) if t.get("df") else stats.norm
+        half = float(dist.ppf(0.5 + level / 2)) * t["se"]
+        return (t["mean"] - half, t["mean"] + half)
+    return simultaneous_ci(t["n"], t["mean"], t["sd"], 1, 1 - level)
 
 
 def claim_tests(claim, values: list[float], margin: float) -> dict:
@@ -98,12 +121,13 @@ def interval_level(claim, a: float) -> float:
     return 1 - 2 * a if claim.sign == 0 or claim.expect == "small" else 1 - a
 
 
-def decide(rows: list[dict], alpha: float, power: float) -> int:
-    """One family (rows with ``family``) over 'holds' and 'fails' (``family_adjust``) on each row's p values after its
-    study's plan and its arms (``p_holds_claim`` / ``p_fails_claim``, set by the caller); sets each tested row's
-    verdict, the interval its verdict used, and for an undecided one its lean, minimum detectable effect and the
-    seeds that would decide it. Returns the family size m."""
-    fam = [r for r in rows if r["family"]]
+def decide(rows: list[dict], alpha: float, power: float, family: str = "family") -> int:
+    """One family (rows whose ``family`` key is true) over 'holds' and 'fails' (``family_adjust``) on each row's p
+    values after its study's plan and its arms (``p_holds_claim`` / ``p_fails_claim``, set by the caller); sets each
+    tested row's verdict, the interval its verdict used, and for an undecided one its lean, minimum detectable effect
+    and the seeds that would decide it. A row with its own ``decider`` (the principle: a bootstrap, not a test over
+    seeds) gets its adjusted p values and decides itself. Returns the family size m."""
+    fam = [r for r in rows if r.get(family)]
     m = len(fam)
     pairs = [(r["test"]["p_holds_claim"], r["test"]["p_fails_claim"]) if r.get("test") else (1.0, 1.0) for r in fam]
     for r, (ph, pf, dh, df) in zip(fam, family_adjust(pairs)):
@@ -112,6 +136,9 @@ def decide(rows: list[dict], alpha: float, power: float) -> int:
     for r in fam:
         t = r.get("test")
         if t is None:
+            continue
+        if r.get("decider"):
+            r["decider"](r, alpha, m)
             continue
         claim = r["claim_obj"]
         if t["n"] < 2:
@@ -125,7 +152,7 @@ def decide(rows: list[dict], alpha: float, power: float) -> int:
         t["level_holds"], t["level_fails"] = (alpha / t["divisor_holds"], alpha / t["divisor_fails"]) if holds or fails else (alpha / m, alpha / m)
         a = r["plan"].nominal_level(t["level_" + used], t["n"])
         level = interval_level(claim, a) if used == "holds" else 1 - a
-        ci = simultaneous_ci(t["n"], t["mean"], t["sd"], 1, 1 - level)
+        ci = corrected_interval(t, level)
         t["ci_corrected"], t["ci_corrected_level"], t["ci_corrected_for"] = (list(ci) if ci else None), level, used
         if holds:
             r["verdict"] = HOLDS
@@ -146,9 +173,16 @@ def _undecided(r: dict, claim, t: dict, a: float, power: float) -> None:
     (alpha/m): the minimum detectable effect (a direction) or the smallest equivalence margin provable (no_effect)
     at 80% power with the observed seed sd, and the seeds at which the holds or the fails test reaches that power if
     the truth is the estimate."""
-    up, down = LEAN[_design(claim)]
+    up, down = _lean_words(claim)
     mean, sd, n, margin, s = t["mean"], t["sd"], t["n"], t["margin"], claim.sign
     t["lean"] = up if mean > 0 else down if mean < 0 else None
+    if t.get("method") in ("proportions", "welch"):  # the detectable difference of the estimate's own test
+        dist = stats.t(t["df"]) if t.get("df") else stats.norm
+        t["mde"] = float(dist.ppf(1 - a / 2) + dist.ppf(power)) * t["se"]
+        agree = "" if not s or not t["lean"] else (", the paper's direction" if (mean > 0) == (s > 0) else ", against the paper")
+        more = "examples of one seed; more seeds would narrow it" if t["method"] == "proportions" else "repeats; more repeats would narrow it"
+        r["detail"] = f"leans {t['lean']}{agree}; MDE {t['mde']:.3g} at {n} {more}"
+        return
     if not sd or sd <= 0 or not math.isfinite(sd):
         r["detail"] = f"leans {t['lean']}" if t["lean"] else ""
         return
@@ -168,10 +202,11 @@ def _undecided(r: dict, claim, t: dict, a: float, power: float) -> None:
     need = {v: k for v, k in needed.items() if k is not None}
     t["seeds_to_decide"], t["would_be"] = (min(need.values()), min(need, key=lambda v: need[v])) if need else (None, None)
     what = "MDE" if s else "provable margin"
+    unit = t.get("units", "seeds")  # a speed claim's units are the benchmark's repeats
     decide_txt = (
-        f"{t['seeds_to_decide']} seeds would decide it ({t['would_be']}) if the truth is the estimate"
+        f"{t['seeds_to_decide']} {unit} would decide it ({t['would_be']}) if the truth is the estimate"
         if need
-        else f"more than {eq.MAX_SEEDS} seeds to decide it at this estimate"
+        else f"more than {eq.MAX_SEEDS} {unit} to decide it at this estimate"
     )
     direction = "" if not s or not t["lean"] else (", the paper's direction" if (mean > 0) == (s > 0) else ", against the paper")
-    r["detail"] = f"leans {t['lean']}{direction}; {what} {t['mde']:.3f} at {n} seeds; {decide_txt}"
+    r["detail"] = f"leans {t['lean']}{direction}; {what} {t['mde']:.3f} at {n} {unit}; {decide_txt}"
