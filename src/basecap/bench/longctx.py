@@ -177,6 +177,7 @@ def measure(spec: dict) -> dict:
 def _probe(spec_json: str) -> None:
     """Subprocess entry: ``measure`` under the address-space limit; prints one JSON line (the row's fields)."""
     spec = json.loads(spec_json)
+    _die_with_parent(spec.get("parent"))
     torch.set_num_threads(spec["threads"])
     _model(spec["variant"], 1, spec["options"])  # every import before the limit: only the measurement may hit it
     extra = spec["options"]["mem_limit_gib"]
@@ -192,10 +193,22 @@ def _probe(spec_json: str) -> None:
     print(json.dumps(res))
 
 
+def _die_with_parent(parent: int | None) -> None:
+    """A measurement never outlives the benchmark that started it (Linux: the parent-death signal)."""
+    if parent is None or not sys.platform.startswith("linux"):
+        return
+    import ctypes
+    import signal
+
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    if os.getppid() != parent:  # the parent died before the signal was armed
+        os._exit(1)
+
+
 def run_child(spec: dict, timeout: float | None) -> dict:
     """``measure`` in a fresh process: its fields, or the status (timeout, error) with a reason."""
     env = dict(os.environ, OMP_NUM_THREADS=str(spec["threads"]), MALLOC_MMAP_THRESHOLD_="65536")
-    cmd = [sys.executable, "-m", "basecap.bench.longctx", "--probe", json.dumps(spec)]
+    cmd = [sys.executable, "-m", "basecap.bench.longctx", "--probe", json.dumps({**spec, "parent": os.getpid()})]
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
     except subprocess.TimeoutExpired:
