@@ -13,7 +13,7 @@ import torch
 from basecap.config_base import ConfigError
 from basecap.kernels import fla as fk
 from basecap.mixers import build_mixer, parse_mixer_config
-from basecap.mixers.kda import decayed_scores, kda_chunked, kda_recurrent
+from basecap.mixers.kda import decayed_scores, kda_chunked, kda_recurrent, sub_block
 from basecap.ops.delta_rule import delta_rule_chunked, l2_normalize
 
 from fla_oracle import fla_naive
@@ -68,16 +68,17 @@ def test_chunked_matches_fla_chunk_reference():
 
 
 def test_decayed_scores_equal_the_pairwise_sum():
-    """The sub-block references give exactly sum_d a_t b_s exp(G_t - G_s), for s < t and s <= t, at chunk
-    lengths that are and are not multiples of the sub-block."""
+    """The sub-block references give exactly sum_d a_t b_s exp(G_t - G_s) for s <= t, at chunk lengths that are
+    and are not multiples of the sub-block; the sub-block is the power of two nearest below sqrt(C)."""
     gen = torch.Generator().manual_seed(3)
-    for C in (5, 16, 37, 64):
-        a, b = torch.randn(2, C, 7, generator=gen, dtype=torch.float64), torch.randn(2, C, 7, generator=gen, dtype=torch.float64)
+    for C, sub in ((5, 2), (16, 4), (37, 8), (64, 8), (64, 64)):
+        a = torch.randn(2, C, 7, 3, generator=gen, dtype=torch.float64)  # three left operands
+        b = torch.randn(2, C, 7, generator=gen, dtype=torch.float64)
         G = (-torch.rand(2, C, 7, generator=gen, dtype=torch.float64) * 3).cumsum(1)
-        full = (a[:, :, None, :] * b[:, None, :, :] * (G[:, :, None, :] - G[:, None, :, :]).exp()).sum(-1)
-        for strict in (True, False):
-            want = full.tril(-1 if strict else 0)
-            assert (decayed_scores(a, b, G, strict) - want).abs().max() < 1e-12 * full.abs().max()
+        full = torch.einsum("ntkr,nsk,ntsk->ntsr", a, b, (G[:, :, None, :] - G[:, None, :, :]).exp())
+        want = full * torch.ones(C, C, dtype=torch.bool).tril()[..., None]
+        assert (decayed_scores(a, b, G, sub) - want).abs().max() < 1e-12 * full.abs().max()
+    assert [sub_block(C) for C in (1, 4, 15, 16, 32, 63, 64)] == [1, 2, 2, 4, 4, 4, 8]
 
 
 def test_a_gate_shared_by_the_channels_is_the_gated_delta_rule():
@@ -139,7 +140,7 @@ def test_paper_defaults_at_basecaps_size():
     A = m.A_log.exp()
     dt = torch.nn.functional.softplus(m.dt_bias)
     assert ((A >= 1) & (A <= 16)).all() and ((dt >= 1e-3 * 0.999) & (dt <= 0.1 * 1.001)).all()
-    assert m.conv is not None and m.conv.kernel_size == 4 and m.cfg.chunk_size == 64
+    assert m.conv is not None and m.conv.kernel_size == 4 and m.cfg.chunk_size == 16
     assert all(mod.bias is None for mod in m.modules() if isinstance(mod, torch.nn.Linear))
     assert m.state_size(1) == m.state_size(4096) == 4 * (2 * 64 * 64 + 3 * 2 * (2 * 64 + 64))
 

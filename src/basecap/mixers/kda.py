@@ -40,10 +40,6 @@ from .kit.delta import DeltaRuleState, delta_flops
 from .kit.heads import n_heads_for
 from .kit.recurrent import check_ranges, conv_or_silu, init_A_log, init_dt_bias, keep_init
 
-# Sub-block of the within-chunk decayed scores: pairwise per-channel decays inside a sub-block, one
-# reference point per query sub-block across them (fla's kernels use sub-chunks of 16 as well).
-SUB = 16
-
 
 def kda_recurrent(q, k, v, beta, g, scale: float | None = None, state=None):
     """Step-by-step recurrence in fp32 (the oracle): q, k, g ``[B, H, T, K]``, v ``[B, H, T, V]``, beta
@@ -63,35 +59,42 @@ def kda_recurrent(q, k, v, beta, g, scale: float | None = None, state=None):
     return o, S
 
 
-def decayed_scores(a: torch.Tensor, b: torch.Tensor, G: torch.Tensor, strict: bool) -> torch.Tensor:
-    """``[..., C, C]`` with ``[t, s] = sum_d a[t, d] b[s, d] exp(G[t, d] - G[s, d])`` for s < t (s <= t unless
-    ``strict``), zero above; a, b, G ``[..., C, K]``, G non-increasing along C (a cumulative log decay).
+def sub_block(C: int) -> int:
+    """The sub-block of :func:`decayed_scores` for chunks of C steps: the power of two nearest below sqrt(C),
+    which balances its two costs, ~C c K (pairwise inside sub-blocks) and ~C (C / c) K (the references)."""
+    return 1 << (max(C, 1).bit_length() - 1) // 2
 
-    Every exponent taken is <= 0: inside a sub-block of ``SUB`` steps the per-channel differences are
+
+def decayed_scores(a: torch.Tensor, b: torch.Tensor, G: torch.Tensor, sub: int) -> torch.Tensor:
+    """``[..., C, C, R]`` with ``[t, s, r] = sum_d a[t, d, r] b[s, d] exp(G[t, d] - G[s, d])`` for s <= t, zero
+    above; ``a [..., C, K, R]`` holds R left operands side by side (they share the decay weights), b and G
+    ``[..., C, K]``, G non-increasing along C (a cumulative log decay).
+
+    Every exponent taken is <= 0: inside a sub-block of ``sub`` steps the per-channel differences are
     formed pair by pair (masked before ``exp``); for a query sub-block i and the keys before it, the
     decay is split at r = the last step before block i, exp(G_t - G_r) exp(G_r - G_s), both <= 1, and
     the block is one matrix product."""
-    C, K = a.shape[-2:]
-    c = min(SUB, C)
+    C, K, R = a.shape[-3:]
+    c = min(sub, C)
     pad = (-C) % c
     if pad:  # zero rows; G carries its last value, so it stays non-increasing
-        a, b = F.pad(a, (0, 0, 0, pad)), F.pad(b, (0, 0, 0, pad))
+        a, b = F.pad(a, (0, 0, 0, 0, 0, pad)), F.pad(b, (0, 0, 0, pad))
         G = torch.cat([G, G[..., -1:, :].expand(*G.shape[:-2], pad, K)], dim=-2)
     n, Cp = (C + pad) // c, C + pad
-    a_, b_, G_ = (x.unflatten(-2, (n, c)) for x in (a, b, G))  # [..., n, c, K]
-    keep = torch.ones(c, c, dtype=torch.bool, device=a.device).tril(-1 if strict else 0)
+    a_, b_, G_ = a.unflatten(-3, (n, c)), b.unflatten(-2, (n, c)), G.unflatten(-2, (n, c))  # [..., n, c, K(, R)]
+    keep = torch.ones(c, c, dtype=torch.bool, device=a.device).tril()
     E = (G_[..., :, None, :] - G_[..., None, :, :]).masked_fill(~keep[..., None], float("-inf")).exp()  # [..., n, c, c, K]
-    diag = torch.einsum("...tsk,...sk->...ts", a_[..., :, None, :] * E, b_)  # [..., n, c, c]
+    diag = (E * b_[..., None, :, :]) @ a_  # [..., n, c, c, R]
     eye = torch.eye(n, dtype=a.dtype, device=a.device)
-    out = (diag[..., :, :, None, :] * eye[:, None, :, None]).reshape(*diag.shape[:-3], n, c, Cp)  # block diagonal
+    out = (diag[..., :, :, None, :, :] * eye[:, None, :, None, None]).reshape(*diag.shape[:-4], n, c, Cp, R)  # block diagonal
     if n > 1:
         G_ref = G_[..., :-1, -1:, :]  # [..., n-1, 1, K]: the log decay at the end of block i-1, for query block i
-        a_off = a_[..., 1:, :, :] * (G_[..., 1:, :, :] - G_ref).exp()  # [..., n-1, c, K]
+        a_off = a_[..., 1:, :, :, :] * (G_[..., 1:, :, :] - G_ref).exp()[..., None]  # [..., n-1, c, K, R]
         before = torch.arange(Cp, device=a.device) < torch.arange(1, n, device=a.device)[:, None] * c  # [n-1, Cp]
         e = (G_ref - G[..., None, :, :]).masked_fill(~before[..., None], float("-inf")).exp()  # [..., n-1, Cp, K]
-        off = a_off @ (b[..., None, :, :] * e).transpose(-1, -2)  # [..., n-1, c, Cp]
-        out = out + torch.cat([torch.zeros_like(off[..., :1, :, :]), off], dim=-3)
-    return out.reshape(*out.shape[:-3], Cp, Cp)[..., :C, :C]
+        off = torch.einsum("...tkr,...sk->...tsr", a_off, b[..., None, :, :] * e)  # [..., n-1, c, Cp, R]
+        out = out + torch.cat([torch.zeros_like(off[..., :1, :, :, :]), off], dim=-4)
+    return out.reshape(*out.shape[:-4], Cp, Cp, R)[..., :C, :C, :]
 
 
 def kda_chunked(q, k, v, beta, g, scale: float | None = None, state=None, chunk_size: int = 64):
@@ -111,13 +114,13 @@ def kda_chunked(q, k, v, beta, g, scale: float | None = None, state=None, chunk_
     beta = F.pad(beta.to(dtype), (0, pad)).view(B, H, N, C, 1)
     G = F.pad(g.to(dtype), (0, 0, 0, pad)).view(B, H, N, C, K).cumsum(-2)  # log decay from the chunk start through t
 
-    # u = (I + A)^{-1} diag(beta) (v - (k * gamma) S0),  A[t, s] = beta_t sum_d k_t k_s exp(G_t - G_s), s < t
-    A = beta * decayed_scores(k, k, G, strict=True)
-    L = A + torch.eye(C, dtype=dtype, device=q.device)
+    # u = (I + A)^{-1} diag(beta) (v - (k * gamma) S0),  A[t, s] = beta_t sum_d k_t k_s exp(G_t - G_s), s < t,
+    # and the intra-chunk scores P[t, s] = sum_d q_t k_s exp(G_t - G_s), s <= t: one call, shared decay weights
+    kk, P = decayed_scores(torch.stack([k, q], dim=-1), k, G, sub_block(C)).unbind(-1)
+    L = beta * kk.tril(-1) + torch.eye(C, dtype=dtype, device=q.device)
     T_ut = torch.linalg.solve_triangular(L, torch.diag_embed(beta.squeeze(-1)), upper=False, unitriangular=True)
     gam = G.exp()  # per-channel decay from the chunk start through t
     u_free, w = T_ut @ v, T_ut @ (k * gam)  # u = u_free - w @ S0
-    P = decayed_scores(q, k, G, strict=False)  # intra-chunk scores, zero above the diagonal
     q_s = q * gam  # reads the chunk-start state
     k_to_end = (k * (G[..., -1:, :] - G).exp()).transpose(-1, -2)  # k_s decayed from s to the chunk end, [B,H,N,K,C]
     chunk_decay = G[..., -1, :].exp()[..., None]  # [B, H, N, K, 1]
@@ -154,7 +157,7 @@ class KDAConfig(MixerConfig):
     gate_rank: int | None = Field(None, gt=0, description="rank of the decay and output-gate projections; default the value dim per head")
     short_conv: bool = True
     conv_size: int = Field(4, ge=1)
-    chunk_size: int = Field(64, gt=0)
+    chunk_size: int = Field(16, gt=0, description="chunk of the chunked CPU form (fla's kernel uses its own 64)")
     norm_eps: float = Field(1e-5, gt=0)
     dt_min: float = Field(1e-3, gt=0)
     dt_max: float = Field(0.1, gt=0)
@@ -181,6 +184,9 @@ class KDA(DeltaRuleState, Mixer):
         {"head_dim": 8, "n_heads": 2, "expand_v": 1.5, "gate_rank": 4},
     ]
     fast_kernels = "fla"
+    out_projections = ("o_proj",)
+    match_field = None
+    compiles = True
 
     def __init__(self, d_model: int, cfg: KDAConfig, layer_idx: int = 0, max_seq_len: int = 2048):
         super().__init__(d_model, cfg, layer_idx, max_seq_len)
@@ -225,10 +231,11 @@ class KDA(DeltaRuleState, Mixer):
         return self.o_proj(o), (None if state is None else {"S": S, **conv_state_new})
 
     def flops_per_token(self, seq_len: int) -> float:
-        # the chunked delta rule (kit/delta.py) with per-channel decay weighting on top: the pairwise
-        # weights of the k.k and q.k products inside a sub-block (2 c K each), the sub-block references
-        # of the keys (2 K per earlier sub-block) and the decayed q, k, k-to-chunk-end (3 K)
+        # the chunked delta rule (kit/delta.py; its k.k and q.k products are decayed_scores' matrix products),
+        # plus the per-channel decay weights, one multiply each as Gated DeltaNet counts its own: pairwise
+        # inside a sub-block and applied to k (2 c K), the references of the earlier sub-blocks (2 K each),
+        # k and q to their block's reference (2 K), q, k and k to the chunk end (3 K)
         C = min(self.cfg.chunk_size, max(seq_len, 1))
-        c = min(SUB, C)
+        c = min(sub_block(C), C)
         H, K = self.n_heads, self.head_k
-        return delta_flops(H, C, K, self.head_v) + 2.0 * H * (2 * 2 * c * K + 2 * math.ceil(C / c) * K + 3 * K)
+        return delta_flops(H, C, K, self.head_v) + 2.0 * H * (2 * c * K + 2 * math.ceil(C / c) * K + 5 * K)
