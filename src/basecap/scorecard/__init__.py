@@ -59,7 +59,7 @@ def _superseded(c, claims, studies: dict, domains: list[str]):
 def plans(claims, rows: list[dict]) -> dict:
     """How each study of the family's claims is read: its declared plan, its undeclared looks, or one look."""
     out = {}
-    for study in sorted({r["study"] for r in rows if r["study"] and r.get("results")}):
+    for study in sorted({r["study"] for r in rows if r["study"] and r.get("results") and r["study"] in claims.studies}):
         st = claims.studies[study]
         if st.looks:
             plan = f"declared: looks at {', '.join(map(str, st.looks))} seeds, {st.spending.replace('_', '-')} spending"

@@ -394,7 +394,7 @@ def principle_row(spec: PrincipleFile, claims: ClaimsFile, studies: dict, root: 
         )
     else:
         tuned.update(p_holds_plan=tuned["p_holds"], p_fails_plan=tuned["p_fails"], p_holds_claim=tuned["p_holds"], p_fails_claim=tuned["p_fails"])
-        row.update(test=tuned, results=str(MQAR_FILE.parent.name), decider=decide_principle)
+        row.update(test=tuned, decider=decide_principle)
     section = {
         "id": pr.id,
         "protocol": pr.mqar.model_dump(),
@@ -423,7 +423,8 @@ def plot_principle(section: dict, path: Path) -> bool:
     fig, ax = plt.subplots(figsize=(7, 5))
     for p in pts:
         x, y = p["mqar"]["mean"], p["gap"]["mean"]
-        xerr = [[x - p["mqar"]["ci95"][0]], [p["mqar"]["ci95"][1] - x]] if p["mqar"]["ci95"] else None
+        lo, hi = (max(0.0, p["mqar"]["ci95"][0]), min(1.0, p["mqar"]["ci95"][1])) if p["mqar"]["ci95"] else (x, x)  # an accuracy
+        xerr = [[x - lo], [hi - x]] if p["mqar"]["ci95"] else None
         yerr = [[y - p["gap"]["ci95"][0]], [p["gap"]["ci95"][1] - y]] if p["gap"]["ci95"] else None
         ax.errorbar(x, y, xerr=xerr, yerr=yerr, fmt="o", color="C3" if p["missing"] else "C0", capsize=2, lw=0.8)
         ax.annotate(p["label"], (x, y), textcoords="offset points", xytext=(4, 3), fontsize=7)
