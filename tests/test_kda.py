@@ -160,7 +160,15 @@ def test_bad_config_names_the_field(over, field):
         parse_mixer_config({"name": "kda", **over})
 
 
-def test_fast_on_cpu_is_a_config_error():
+def test_fast_on_cpu_is_a_config_error_and_auto_is_chunked():
     m = build_mixer(parse_mixer_config({"name": "kda", "head_dim": 8, "impl": "fast"}), 16)
     with pytest.raises(ConfigError, match="kda.impl: impl='fast' needs CUDA"):
         m(torch.randn(1, 3, 16))
+    torch.manual_seed(0)
+    auto = build_mixer(parse_mixer_config({"name": "kda", "head_dim": 8}), 16)
+    chunked = build_mixer(parse_mixer_config({"name": "kda", "head_dim": 8, "impl": "chunked"}), 16)
+    chunked.load_state_dict(auto.state_dict())
+    x = torch.randn(2, 21, 16)
+    (y_a, _), (y_c, _) = auto(x), chunked(x)
+    (d_a, s_a), (d_c, s_c) = auto(x, auto.init_state(2)), chunked(x, chunked.init_state(2))
+    assert torch.equal(y_a, y_c) and torch.equal(d_a, d_c) and all(torch.equal(s_a[key], s_c[key]) for key in s_c)

@@ -97,7 +97,7 @@ def decayed_scores(a: torch.Tensor, b: torch.Tensor, G: torch.Tensor, sub: int) 
     return out.reshape(*out.shape[:-4], Cp, Cp, R)[..., :C, :C, :]
 
 
-def kda_chunked(q, k, v, beta, g, scale: float | None = None, state=None, chunk_size: int = 64):
+def kda_chunked(q, k, v, beta, g, scale: float | None = None, state=None, chunk_size: int = 16):
     """Chunked (UT transform) KDA; same contract as :func:`kda_recurrent`, computed in fp32 (or wider).
 
     Padded steps have k = v = beta = g = 0, so they leave the state unchanged."""
