@@ -262,6 +262,34 @@ def parallel_forgetting_attn(q, k, v, g, scale=None, window_size=None, cu_seqlen
     return o.to(q.dtype)
 
 
+def chunk_log_linear_attn(q, k, v, g, level_scales, initial_state=None, output_final_state=False, cu_seqlens=None, scale=1.0):
+    """``fla.ops.log_linear_attn.chunk_log_linear_attn``: o_t = scale sum_{s<=t} lambda_t^(l(t,s)) exp(g_{s+1} + ... + g_t)
+    (q_t . k_s) v_s with l(t, s) the Fenwick level of the pair; q, k ``[B, T, G, K]`` shared by H / G value heads,
+    ``level_scales [B, T, H, L]`` (level l at index l); default scale 1. The op's state (``LogLinearAttentionState``)
+    is not emulated."""
+    _check_common({}, cu_seqlens)
+    B, T, G, K = k.shape
+    H, V = v.shape[2:]
+    assert q.shape == k.shape and v.shape[:2] == (B, T), "q, k [B, T, G, K] and v [B, T, H, V], one length"
+    _check_layout(g, level_scales, heads_from=v)
+    if H % G != 0:
+        raise ValueError("The number of value heads must be divisible by the number of query/key heads.")
+    if V & (V - 1):
+        raise ValueError("Head dimension must be a power of two. Please pad the head dimension to the next power of two.")
+    if K % 64 != 0:
+        raise ValueError("State dimension must be divisible by 64.")
+    if T >= 2**17:
+        raise ValueError("Sequence length must be less than 2**17")
+    assert initial_state is None and not output_final_state, "the op's state is not emulated"
+    # what the caller promises: a weight for every level the kernel touches (levels 0..6 inside its 64-token chunks and
+    # those between chunks up to the top one, ceil(log2 T)); its backward reads and writes them with no bound check
+    assert level_scales.shape[-1] >= max(7, (T - 1).bit_length() + 1), f"level_scales {tuple(level_scales.shape)} too narrow for T = {T}"
+    scale = K**-0.5 if scale is None else scale
+    with _no_autocast(q):
+        o = _naive("log_linear_attn/naive.py").naive_log_linear_attn(q.float(), k.float(), v.float(), g.float(), level_scales.float(), scale=scale)
+    return o.to(v.dtype), None
+
+
 # module under fla.ops -> (the stand-in, where the real op is defined, relative to fla/ops)
 STAND_INS = {
     "simple_gla": (chunk_simple_gla, "simple_gla/chunk.py"),
@@ -272,6 +300,7 @@ STAND_INS = {
     "rwkv7": (chunk_rwkv7, "rwkv7/chunk.py"),
     "based": (parallel_based, "based/parallel.py"),
     "forgetting_attn": (parallel_forgetting_attn, "forgetting_attn/parallel.py"),
+    "log_linear_attn": (chunk_log_linear_attn, "log_linear_attn/chunk.py"),
 }
 
 
@@ -281,7 +310,7 @@ def install_stand_ins(monkeypatch):
     check (a generator for a fixture to ``yield from``; ``monkeypatch`` undoes the rest)."""
     for relpath in ("simple_gla/naive.py", "delta_rule/naive.py", "gated_delta_rule/naive.py", "kda/naive.py",
                     "rwkv6/recurrent_naive.py", "generalized_delta_rule/dplr/naive.py", "based/naive.py",
-                    "forgetting_attn/naive.py"):
+                    "forgetting_attn/naive.py", "log_linear_attn/naive.py"):
         _naive(relpath)  # skips the test where fla (or einops) is not installed
     calls: list[tuple[str, bool, bool]] = []
     fla = types.ModuleType("fla")

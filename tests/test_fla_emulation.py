@@ -69,9 +69,10 @@ def fla_mixers() -> list[str]:
 
 KERNEL_OF = {"mamba2": "chunk_simple_gla", "deltanet": "chunk_delta_rule", "gated_deltanet": "chunk_gated_delta_rule", "kda": "chunk_kda",
              "rwkv6": "chunk_rwkv6", "rwkv7": "chunk_rwkv7", "based": "parallel_based",
-             "forgetting_attn": "parallel_forgetting_attn"}
+             "forgetting_attn": "parallel_forgetting_attn", "log_linear_mamba2": "chunk_log_linear_attn"}
 # kernels that take no state: with a state (prefill, decode) these mixers run their chunked form, no kernel call
-STATELESS_KERNELS = {"based", "forgetting_attn"}
+# (log-linear attention's kernel has a state, but of another kind: the raw tokens of its open chunk)
+STATELESS_KERNELS = {"based", "forgetting_attn", "log_linear_mamba2"}
 # (mixer, test variant, precision): "kernel" runs the adapters' own dtypes, "exact" keeps the 16-bit kernels in fp32
 CASES = [(name, i, precision) for name in fla_mixers() for i in range(len(mixer_class(name).test_variants))
          for precision in (("kernel", "exact") if name in BF16_KERNELS else ("kernel",))]
@@ -260,6 +261,10 @@ def _fox_gates_summed(kw):
     kw["g"] = kw["g"].cumsum(1)  # the cumulative log forget instead of the per-step gates the op sums itself
 
 
+def _levels_shifted(kw):
+    kw["level_scales"] = kw["level_scales"].roll(-1, dims=-1)  # level l weighed with lambda^(l+1): the level index off by one
+
+
 MUTATIONS = {  # mixer -> (adapter input builder, change, branch)
     "mamba2": ("ssd_inputs", _drop_scale, "training"),
     "deltanet": ("delta_rule_inputs", _state_transposed, "state"),
@@ -268,6 +273,7 @@ MUTATIONS = {  # mixer -> (adapter input builder, change, branch)
     "rwkv7": ("wkv7_inputs", _a_b_swapped, "training"),
     "based": ("based_inputs", _based_scale_one, "training"),
     "forgetting_attn": ("forgetting_attn_inputs", _fox_gates_summed, "training"),
+    "log_linear_mamba2": ("log_linear_attn_inputs", _levels_shifted, "training"),
 }
 
 

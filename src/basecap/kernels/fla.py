@@ -13,6 +13,7 @@ and conventions, calls one fla op, and maps the results back, so it is a drop-in
     RWKV-7         ops.wkv.wkv7_chunked              fla.ops.rwkv7.chunk_rwkv7 (the DPLR delta rule)
     Based (linear) ops.linear_attn (+ normaliser)    fla.ops.based.parallel_based
     FoX            mixers.forgetting_attn (masked)  fla.ops.forgetting_attn.parallel_forgetting_attn
+    LogLin Mamba-2 mixers.log_linear_mamba2         fla.ops.log_linear_attn.chunk_log_linear_attn (training)
 
 The ``*_inputs`` functions hold the whole convention mapping (layout, scale, decay sign, state layout,
 dtypes) as plain PyTorch, so CPU tests check them against fla's own pure-PyTorch references. The
@@ -360,3 +361,54 @@ def forgetting_attn(q: Tensor, k: Tensor, v: Tensor, log_f: Tensor, scale: float
 
         op = parallel_forgetting_attn
     return op(**forgetting_attn_inputs(q, k, v, log_f, scale)).transpose(1, 2).to(v.dtype)
+
+
+# ---- Log-linear Mamba-2 -> log-linear attention -------------------------------------------------------
+
+LOG_LINEAR_KEY_BLOCK = 64  # chunk_log_linear_attn tiles the key (state) dimension in blocks of 64 and rejects others
+# Its forward reads levels 0..6 inside its 64-token chunks and the levels between chunks up to the sequence's top level
+# (masking those past the width of level_scales); its backward reads and writes all of them with no bound check
+LOG_LINEAR_INTRA_LEVELS = 7
+LOG_LINEAR_MAX_LEN = 2**17  # it keeps at most 11 chunk levels: sequences shorter than 2^17 tokens
+_pad = torch.nn.functional.pad
+
+
+def log_linear_attn_inputs(X: Tensor, log_a: Tensor, Bm: Tensor, Cm: Tensor, lam: Tensor) -> dict:
+    """``chunk_log_linear_attn`` arguments for log-linear Mamba-2's training form (no state),
+    ``log_linear_chunked(X [B,T,H,P], log_a [B,T,H], Bm, Cm [B,T,N], lam [B,T,H,L])``.
+
+    As Mamba-2 (:func:`ssd_inputs`): q = C, k = B, v = dt * x, g = log a (per head and step, <= 0), scale 1;
+    the one group is passed as one key head shared by the H value heads (fla's ``G = 1``). ``level_scales`` =
+    lambda, fp32, with level l at index l. Padding, all exact: the keys (B and C) with zero channels to a
+    multiple of 64, the values with zero channels to a power of two (at least 16; the extra output channels
+    are dropped), lambda with zero levels (our levels past its width weigh 0) to every level the kernel
+    touches: at least 7 and the sequence's top level, bit_length(T - 1). The kernel's forward masks levels
+    past the width but its backward does not (a narrower lambda gives wrong gradients)."""
+    B, T, H, P = X.shape
+    N, L = Bm.shape[-1], lam.shape[-1]
+    if T >= LOG_LINEAR_MAX_LEN:
+        raise ConfigError(
+            f"log_linear_mamba2.impl: impl='fast' (fla chunk_log_linear_attn) takes fewer than {LOG_LINEAR_MAX_LEN} tokens, got {T}; use impl='chunked'"
+        )
+    dtype = compute_dtype(X)
+    pad_k = -N % LOG_LINEAR_KEY_BLOCK
+    pad_v = max(16, 1 << (P - 1).bit_length()) - P
+    return dict(
+        q=_pad(Cm, (0, pad_k))[:, :, None].to(dtype).contiguous(),
+        k=_pad(Bm, (0, pad_k))[:, :, None].to(dtype).contiguous(),
+        v=_pad(X, (0, pad_v)).to(dtype).contiguous(),
+        g=log_a.float().contiguous(),
+        level_scales=_pad(lam.float(), (0, max(0, LOG_LINEAR_INTRA_LEVELS - L, (T - 1).bit_length() + 1 - L))).contiguous(),
+        scale=1.0,
+    )
+
+
+def log_linear_attn(X: Tensor, log_a: Tensor, Bm: Tensor, Cm: Tensor, lam: Tensor, *, op=None) -> Tensor:
+    """Drop-in for ``mixers.log_linear_mamba2.log_linear_chunked`` in training: ``y [B,T,H,P]``; no state in or
+    out (fla's state keeps the raw tokens of its open chunk, not our level states). ``op`` as in :func:`ssd`."""
+    if op is None:
+        from fla.ops.log_linear_attn import chunk_log_linear_attn
+
+        op = chunk_log_linear_attn
+    o, _ = op(**log_linear_attn_inputs(X, log_a, Bm, Cm, lam))
+    return o[..., : X.shape[-1]].to(X.dtype)

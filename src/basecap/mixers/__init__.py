@@ -28,6 +28,7 @@ _MIXERS: dict[str, str] = {
     "rwkv5": "rwkv5:RWKV5",
     "rwkv6": "rwkv6:RWKV6",
     "rwkv7": "rwkv7:RWKV7",
+    "log_linear_mamba2": "log_linear_mamba2:LogLinearMamba2",
     "forgetting_attn": "forgetting_attn:ForgettingAttn",
 }
 
