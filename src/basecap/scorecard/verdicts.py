@@ -142,7 +142,7 @@ def decide(rows: list[dict], alpha: float, power: float, family: str = "family")
             continue
         claim = r["claim_obj"]
         if t["n"] < 2:
-            r["verdict"], r["detail"] = UNDECIDED, f"too few seeds ({t['n']})"
+            r["verdict"], r["detail"] = UNDECIDED, f"too few {t.get('units', 'seeds')} ({t['n']})"
             continue
         holds, fails = t["p_holds_holm"] <= alpha, t["p_fails_holm"] <= alpha
         used = "holds" if holds or not fails else "fails"
