@@ -99,8 +99,8 @@ LAYERS = [
     ["model", "matching", "config", "config_run", "config_sections"],
     ["rundir", "checkpoint", "peak"],
     ["train", "cooldown", "replay", "eval", "report", "reuse", "compile"],
-    ["experiment", "bench", "hf", "catalog", "plan", "plan_cpu", "sweep", "tune", "scorecard"],
-    ["cli", "cli_parse", "cli_study", "cli_tools", "__main__", "lm_eval_plugin"],
+    ["experiment", "bench", "hf", "catalog", "plan", "plan_cpu", "sweep", "tune", "scorecard", "compare", "leaderboard"],
+    ["cli", "cli_parse", "cli_study", "cli_tools", "cli_compare", "__main__", "lm_eval_plugin"],
 ]
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from .cli_compare import add_compare, add_leaderboard
 from .cli_study import add_archive, add_plan, add_principle, add_report, add_run, add_scorecard, add_train
 from .cli_tools import add_anneal, add_bench, add_data, add_eval, add_export, add_mixers, add_peak
 
@@ -49,6 +50,8 @@ def build_parser() -> argparse.ArgumentParser:
         add_bench,
         add_peak,
         add_scorecard,
+        add_compare,
+        add_leaderboard,
         add_principle,
         add_anneal,
         add_archive,

@@ -1,7 +1,8 @@
 """Registry of sequence mixers (and feed-forward blocks).
 
-A new mixer is one new file in this package plus one line in ``_MIXERS`` below. Modules are
-imported lazily, so listing or validating configs never imports optional fast paths.
+A new mixer is one new file in this package plus one line in ``_MIXERS`` below (or, for a file kept outside the
+package, one call of ``register_mixer`` in that file). Modules are imported lazily, so listing or validating configs
+never imports optional fast paths.
 """
 
 from __future__ import annotations
@@ -45,8 +46,33 @@ def _load(spec: str):
     return getattr(importlib.import_module(f"{__name__}.{mod}"), cls)
 
 
+# mixers registered at run time from a file of their own (``register_mixer``; ``basecap compare --mixer-file``)
+_REGISTERED: dict[str, type[Mixer]] = {}
+
+
+def register_mixer(cls: type[Mixer]) -> type[Mixer]:
+    """Register a mixer class defined outside this package under its config's ``name`` (its ``Literal`` default), so
+    configs, models and every command of this process can use it; returns the class (usable as a decorator). A file
+    that defines a mixer calls it at import: ``basecap compare --mixer-file mine.py`` imports the file. Registering a
+    built-in name, or another class (another module or qualified name) under a name already registered, is an error."""
+    if not (isinstance(cls, type) and issubclass(cls, Mixer)):
+        raise ConfigError(f"register_mixer: expected a subclass of basecap.mixers.Mixer, got {cls!r}")
+    config_class = getattr(cls, "config_class", None)
+    field = config_class.model_fields.get("name") if isinstance(config_class, type) and issubclass(config_class, MixerConfig) else None
+    name = field.default if field is not None else None
+    if not isinstance(name, str) or not name:
+        raise ConfigError(f"register_mixer: {cls.__qualname__}.config_class must be a MixerConfig with name: Literal[\"...\"] = \"...\"")
+    if name in _MIXERS:
+        raise ConfigError(f"register_mixer: {name!r} is a built-in mixer; give {cls.__qualname__} a name of its own")
+    known = _REGISTERED.get(name, cls)
+    if (known.__module__, known.__qualname__) != (cls.__module__, cls.__qualname__):  # the same file imported again: replaced
+        raise ConfigError(f"register_mixer: {name!r} is registered already, by {known.__module__}.{known.__qualname__}")
+    _REGISTERED[name] = cls
+    return cls
+
+
 def mixer_names() -> list[str]:
-    return sorted(_MIXERS)
+    return sorted([*_MIXERS, *_REGISTERED])
 
 
 def mlp_names() -> list[str]:
@@ -54,6 +80,8 @@ def mlp_names() -> list[str]:
 
 
 def mixer_class(name: str) -> type[Mixer]:
+    if name in _REGISTERED:
+        return _REGISTERED[name]
     if name not in _MIXERS:
         raise ConfigError(f"model.mixer.name: unknown mixer {name!r}; allowed: {', '.join(mixer_names())}")
     return _load(_MIXERS[name])
@@ -102,6 +130,7 @@ __all__ = [
     "mixer_names",
     "mlp_names",
     "mixer_class",
+    "register_mixer",
     "mlp_class",
     "parse_mixer_config",
     "parse_mlp_config",

@@ -1,0 +1,298 @@
+"""``basecap compare``: a new architecture's verdict in one command (docs/compare.md).
+
+Given a mixer (a registered name, or a Python file that registers one with ``basecap.mixers.register_mixer``) and a
+published study (``results/<study>``), it trains only the new architecture's runs in the study's design: its learning
+rate tuned over the study's grid on the tuning seed, then the study's seeds in the order of its plan of looks, at
+the tuned rate and at the reference's rate (rate arm A); the reference's runs (Transformer++ at its rate, and at the
+tuned rate where the study trained it: arm B) are the study's published records, copied (``basecap.reuse``), never
+trained. It writes a published-style study of its own (``results/compare-<arch>-<study>``: the runs' records, the
+report, summary.json) and the row (``compare.json``): the gap at matched in-domain loss in each arm with its interval
+and verdict (``compare.row``), MQAR, state size, speed and cost (``compare.measure``). A study whose records do not
+match its design or this machine's corpus is refused before anything trains (``compare.study``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import sys
+import time
+from pathlib import Path
+
+from ..atomic import write_json
+from ..config_base import ConfigError, check_name
+from ..rundir import git_state
+from . import measure
+from .row import arm_reading, overall, row_text
+from .study import Design, check_record, find_design, locate, look_seeds, rate_label, with_runs
+
+__all__ = ["compare", "load_mixer_files", "row_text"]
+
+
+_FILE_MIXERS: dict[str, list[str]] = {}  # module name of an imported mixer file -> the names it registered
+
+
+def load_mixer_files(paths: list[str | Path]) -> list[str]:
+    """Import each Python file (once per process; it registers its mixer with ``register_mixer``) and return the
+    names the files registered."""
+    from ..mixers import mixer_names
+
+    names: list[str] = []
+    for p in map(Path, paths):
+        if not p.is_file() or p.suffix != ".py":
+            raise ConfigError(f"--mixer-file {p}: not a Python file")
+        modname = "basecap_mixer_file_" + hashlib.sha1(str(p.resolve()).encode()).hexdigest()[:12]
+        if modname not in _FILE_MIXERS:
+            before = set(mixer_names())
+            spec = importlib.util.spec_from_file_location(modname, p)
+            assert spec is not None and spec.loader is not None  # a .py file that exists
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[modname] = module
+            try:
+                spec.loader.exec_module(module)
+            except Exception:
+                del sys.modules[modname]
+                raise
+            _FILE_MIXERS[modname] = sorted(set(mixer_names()) - before)
+        names += [n for n in _FILE_MIXERS[modname] if n not in names]
+    return names
+
+
+def _mixer(spec: str | None, registered: list[str]) -> dict:
+    """``NAME`` or ``NAME:key=value,...`` (values read as JSON, else strings) as a mixer config table; without a spec,
+    the one mixer the files registered."""
+    from ..mixers import parse_mixer_config
+
+    if spec is None:
+        if len(registered) != 1:
+            raise ConfigError(f"compare: name the mixer (the files registered {registered or 'none'})")
+        spec = registered[0]
+    name, _, rest = spec.partition(":")
+    table: dict = {"name": name}
+    for item in filter(None, rest.split(",")):
+        key, eq, value = item.partition("=")
+        if not eq:
+            raise ConfigError(f"mixer {spec!r}: expected key=value after ':', got {item!r}")
+        try:
+            table[key] = json.loads(value)
+        except ValueError:
+            table[key] = value
+    parse_mixer_config(table, "mixer")  # an unknown name or switch fails here, before any compute
+    return table
+
+
+def _file_info(paths: list[str | Path]) -> list[dict]:
+    return [{"path": str(p), "sha256": hashlib.sha256(Path(p).read_bytes()).hexdigest()} for p in paths]
+
+
+def _train_runs(exp, seeds: list[list[int]], work: Path, corpus, sources: list[Path], located: dict[str, Path | None], log) -> list[str | Path]:
+    """Every run of ``exp`` at ``seeds`` (look by look): the reference's copied from its located record (a seed
+    without one is left out, and said), the new architecture's copied where an identical run exists, else trained;
+    each evaluated on the test split. Returns the run folders that exist."""
+    from ..eval.final import evaluate_run
+    from ..reuse import reuse_run
+    from ..train import train
+
+    configs = exp.resolve()
+    done: list[str | Path] = []
+    for k, group in enumerate(seeds, 1):
+        log(f"== look {k} of {len(seeds)}: seeds {', '.join(map(str, group))}")
+        for rc in (rc for rc in configs if rc.seed in group):
+            run_dir = work / rc.run_id
+            config = json.loads(rc.model_dump_json())
+            if rc.run_id in located:
+                found = located[rc.run_id]
+                if found is None:
+                    log(f"[{rc.run_id}] no published record of this reference run: seed {rc.seed} is not paired with it")
+                    continue
+                reuse_run(config, rc.run_id, run_dir, [found.parent], log=log)
+            elif not reuse_run(config, rc.run_id, run_dir, [work, *sources], log=log):
+                train(rc, run_dir, corpus=corpus, log=log)
+            if not (run_dir / "eval.json").exists():
+                evaluate_run(run_dir, corpus=corpus, log=log)
+            done.append(run_dir)
+    return done
+
+
+def _find_reference(design: Design, rc, sources: list[Path], log) -> Path | None:
+    """The published record of a reference run: in the study's folders first, else in another published study beside
+    it that holds a run of the same config (the study file's own --reuse sources)."""
+    found = locate(rc, sources)
+    if found is None:
+        want = (rc.seed, rc.train.steps, rc.train.lr, rc.model.mixer.name)
+        folders = []
+        for info in sorted(design.results.parent.glob("*/runs/*/run.json")):
+            try:
+                c = json.loads(info.read_text(encoding="utf-8"))["config"]
+                have = (c["seed"], c["train"]["steps"], c["train"]["lr"], c["model"]["mixer"]["name"])
+            except (OSError, ValueError, KeyError, TypeError):
+                continue
+            if have == want and info.parent.parent not in folders and info.parent.parent not in sources:
+                folders.append(info.parent.parent)
+        found = locate(rc, folders)
+        if found is not None:
+            log(f"[{rc.run_id}] the study's record is published in {found.parent}")
+    return found
+
+
+def _check_references(design: Design, seeds: list[int], sources: list[Path], corpus_key: str, log) -> dict[str, Path | None]:
+    """The published record of every reference run at ``seeds`` (run id -> folder, None where there is none), each
+    checked against the design and this machine's corpus; a study whose reference has no record at all is refused.
+    All before anything trains."""
+    names = {design.reference, *design.rate_runs.values()}
+    located: dict[str, Path | None] = {}
+    for rc in design.exp.resolve([rc for rc in design.exp.run_configs() if rc.name in names and rc.seed in seeds]):
+        located[rc.run_id] = _find_reference(design, rc, sources, log)
+        check_record(design, rc, located[rc.run_id], corpus_key)
+    if not any(located[f"{design.reference}-s{s}"] for s in seeds):
+        raise ConfigError(
+            f"study {design.name}: no published record of its reference {design.reference!r} matches its design at size {design.size} "
+            f"(seeds {', '.join(map(str, seeds))}); compare joins the published runs of a study, it does not train the reference"
+        )
+    return located
+
+
+def compare(
+    mixer: str | None,
+    study: str | Path,
+    *,
+    mixer_files: list[str | Path] | None = None,
+    name: str | None = None,
+    experiment: str | Path | None = None,
+    size: str | None = None,
+    sets: list[str] | None = None,
+    reuse: list[str | Path] | None = None,
+    lrs: list[float] | None = None,
+    until_look: int | None = None,
+    out: str | Path | None = None,
+    work: str | Path | None = None,
+    claims: str | Path | None = None,
+    root: str | Path = ".",
+    mqar_steps: int | None = None,
+    mqar_seeds: list[int] | None = None,
+    speed_lengths: list[int] | None = None,
+    speed_reps: int = 3,
+    log=print,
+) -> dict:
+    """Train a new architecture's runs in a published study's design and return its row (also written to
+    ``<out>/compare.json``). ``mixer``: ``NAME`` or ``NAME:key=value,...``; ``mixer_files``: Python files that register
+    mixers (imported first); ``name``: the architecture's run name (default: the mixer's); ``lrs``: the tuning grid
+    instead of the study's; ``until_look``: stop after that look of the study's plan; ``mqar_steps`` / ``mqar_seeds``:
+    a shorter MQAR than the principle's (for a quick check); ``speed_lengths``: default 2048 and 16384 ([] skips the
+    speed)."""
+    from ..experiment import prepare_corpus
+    from ..report import report
+    from ..scorecard.compute import load_study
+    from ..sweep import TUNING_FILE, tune
+    from ..train import train
+
+    t0 = time.perf_counter()
+    root = Path(root)
+    table = _mixer(mixer, load_mixer_files(mixer_files or []))
+    label = check_name(name or table["name"], "--name", "run names")
+    design = find_design(
+        Path(study),
+        experiment=Path(experiment) if experiment else None,
+        size=size,
+        sets=sets,
+        claims_path=Path(claims) if claims else None,
+        root=root,
+        grid=lrs,
+    )
+    out = Path(out) if out else design.results.parent / f"compare-{label}-{design.name}"
+    work = Path(work) if work else root / "runs" / (f"compare-{label}-{design.name}" + (f"-{design.size}" if design.size else ""))
+    sources = [design.results / "runs", *(Path(d) for d in reuse or [])]
+    groups = look_seeds(design, until_look)
+    seeds = [s for g in groups for s in g]
+    ref_configs = design.exp.resolve([rc for rc in design.exp.run_configs() if rc.name == design.reference and rc.seed == seeds[0]])
+    corpus = prepare_corpus(ref_configs, log=log)
+    located = _check_references(design, seeds, sources, corpus.name, log)
+
+    def arch(run: str, lr: float | None) -> dict:
+        return {"name": run, "model": {"mixer": table}, **({"train": {"lr": lr}} if lr is not None else {})}
+
+    work.mkdir(parents=True, exist_ok=True)
+    tuning = None
+    if len(design.grid) > 1:
+        tune_exp = with_runs(
+            design.exp,
+            [arch(label, None)],
+            sweep={"train.lr": design.grid},
+            tune={"keys": ["train.lr"], "seeds": design.tuning_seeds},
+            reference=None,
+            more_references=[],
+            out_dir=str(work),
+            suites=[],
+            speed=None,
+        )
+        lr = float(tune(tune_exp, tune_exp.resolve(), work, lambda rc, d: train(rc, d, corpus=corpus, log=log), log=log)[label]["train.lr"])
+        tuning = json.loads((work / TUNING_FILE).read_text(encoding="utf-8"))["runs"][label]
+    else:
+        lr = design.grid[0]
+    arm_a = f"{label}_lr{rate_label(design.rate)}"
+    entries = [next(e for e in design.exp.runs if e["name"] == design.reference)]
+    b_ref = design.rate_runs.get(lr) if lr != design.rate else design.reference
+    if b_ref is not None and b_ref != design.reference:
+        entries.append(next(e for e in design.exp.runs if e["name"] == b_ref))
+    entries += [arch(label, lr), arch(arm_a, design.rate)]
+    exp = with_runs(design.exp, entries, name=f"compare-{label}-{design.name}", out_dir=str(work), suites=[], speed=None, more_references=[])
+    write_json(work / "experiment.json", json.loads(exp.model_dump_json()))
+    dirs = _train_runs(exp, groups, work, corpus, sources, located, log)
+    tuning_json = work / TUNING_FILE if tuning is not None else None
+    report(dirs, out, reference=design.reference, tuning_json=tuning_json, archive=True)
+    st = load_study(out)
+    assert st is not None  # report() wrote summary.json
+    arms = [arm_reading(design, st, "tuned", label, design.reference, lr), arm_reading(design, st, "A", arm_a, design.reference, design.rate)]
+    if b_ref is not None and b_ref != design.reference:
+        arms.append(arm_reading(design, st, "B", label, b_ref, lr))
+    model = next(rc for rc in exp.resolve([rc for rc in exp.run_configs() if rc.name == label and rc.seed == seeds[0]])).model
+    run_info = json.loads((out / "runs" / f"{label}-s{seeds[0]}" / "run.json").read_text(encoding="utf-8"))
+    in_domain = next((r.get("in_domain_loss") for r in st.summary.get("runs", []) if r.get("name") == label), None)
+    reference_mixer = {"name": ref_configs[0].model.mixer.name, **ref_configs[0].model.mixer.model_dump(exclude_defaults=True)}
+    commit, dirty = git_state()
+    row = {
+        "architecture": label,
+        "mixer": table,
+        "mixer_files": _file_info(mixer_files or []),
+        "study": design.name,
+        "size": design.size,
+        "experiment": str(design.experiment),
+        "reference": design.reference,
+        "reference_mixer": reference_mixer["name"],
+        "lr": lr,
+        "grid": design.grid,
+        "tuning": tuning,
+        "reference_lr": design.rate,
+        "arm_b_note": (
+            f"the study has no {design.reference} at lr {lr:g}"
+            if b_ref is None
+            else "the tuned rate is the reference's: arms A and B are the tuned comparison"
+            if b_ref == design.reference
+            else None
+        ),
+        "seeds": sorted({s for a in arms for s in a.get("seeds", [])}),
+        "looks": [len(g) for g in groups],
+        "domains": design.domains,
+        "margin": design.margin,
+        "alpha": design.alpha,
+        "arms": arms,
+        "overall": overall(arms, design.alpha),
+        "in_domain_loss": in_domain,
+        "params": run_info.get("params"),
+        "corpus": corpus.name,
+        "cost": measure.cost(model),
+        **measure.state(model),
+        "commit": commit,
+        "dirty": dirty,
+    }
+    proto = measure.mqar_protocol(root / measure.PRINCIPLE_FILE, mqar_steps, mqar_seeds)
+    row["mqar"] = measure.mqar(model, proto, out, log=log)
+    row["mqar"]["shortened"] = mqar_steps is not None or mqar_seeds is not None
+    lengths = [2048, 16384] if speed_lengths is None else list(speed_lengths)
+    row["speed"] = measure.speed(table, reference_mixer, lengths, out, speed_reps, log=log) if lengths else {}
+    row["wall_seconds"] = round(time.perf_counter() - t0, 1)
+    write_json(out / "compare.json", row)
+    log("\n" + row_text(row))
+    log(f"\nwritten: {out / 'compare.json'} (the row), {out / 'report.md'} (the report), {out / 'runs'} (the records)")
+    return row

@@ -1,0 +1,114 @@
+"""The new architecture's row: its gap against the reference in each rate arm, read as the scorecard reads a claim.
+
+Per arm, the per-seed gap at matched in-domain loss is the scorecard's (``scorecard.compute.pair_gaps``: the study's
+primary measure, the mean of the held-out domains' gaps), tested by the scorecard's two tests
+(``scorecard.verdicts.claim_tests``) and read through the study's plan of looks (``scorecard.sequential.Plan``):
+*keeps* when TOST shows the gap within the margin, else *degrades* when the two-sided test shows it worse, else
+*undecided* (as the scorecard's predictions read an outcome: a gap shown worse but within the margin is too small to
+call a change of base capability). The row's verdict is an intersection-union over the arms the study has (tuned,
+A, and B where the reference trained at the architecture's rate): each p value the largest of the arms'.
+"""
+
+from __future__ import annotations
+
+from ..report.stats import paired_test
+from ..scorecard.claims import Claim
+from ..scorecard.compute import Study, lacking_runs, pair_gaps
+from ..scorecard.verdicts import claim_tests
+from .study import Design
+
+KEEPS, DEGRADES, UNDECIDED, NOT_RUN, NO_GAP = "keeps", "degrades", "undecided", "not run", "no gap"
+
+
+def _claim(design: Design, run: str, reference: str, expect: str) -> Claim:
+    return Claim(id="compare", section="compare", paper="-", study=design.name, expect=expect, run=run, reference=reference)
+
+
+def _interval(values: list[float]) -> dict:
+    t = paired_test(values)
+    return {"n": t.n, "gap": t.mean, "ci95": list(t.ci95) if t.ci95 else None}
+
+
+def verdict(p_keeps: float, p_degrades: float, alpha: float) -> str:
+    return KEEPS if p_keeps <= alpha else DEGRADES if p_degrades <= alpha else UNDECIDED
+
+
+def arm_reading(design: Design, study: Study, arm: str, run: str, reference: str, lr: float) -> dict:
+    """One arm: the per-seed gaps of ``run`` against ``reference`` (paired by seed), per domain and their mean, the
+    two tests read through the study's plan, and the arm's verdict."""
+    out: dict = {"arm": arm, "run": run, "reference": reference, "lr": lr, "verdict": NOT_RUN, "n": 0, "gap": None, "ci95": None}
+    missing = lacking_runs([run, reference], study)
+    if missing:
+        out["note"] = f"no records of {', '.join(missing)}"
+        return out
+    by_domain, notes = pair_gaps(study, run, reference, design.domains)
+    seeds = sorted(set.intersection(*(set(by_domain.get(d, {})) for d in design.domains)))
+    values = [sum(by_domain[d][s] for d in design.domains) / len(design.domains) for s in seeds]
+    out.update(seeds=seeds, values=values, **_interval(values), domains={d: _interval([by_domain[d][s] for s in seeds]) for d in design.domains})
+    if notes:
+        out["notes"] = notes
+    keeps = claim_tests(_claim(design, run, reference, "no_effect"), values, design.margin)
+    worse = claim_tests(_claim(design, run, reference, "worse"), values, design.margin)
+    (p_keeps, reading), (p_degrades, _) = design.plan.adjust(keeps["p_holds"], len(values)), design.plan.adjust(worse["p_holds"], len(values))
+    out.update(p_keeps=p_keeps, p_degrades=p_degrades, reading=reading or "one look")
+    out["verdict"] = verdict(p_keeps, p_degrades, design.alpha) if len(values) >= 2 else UNDECIDED if values else NO_GAP
+    return out
+
+
+def overall(arms: list[dict], alpha: float) -> dict:
+    """The intersection-union over the arms: each p value the largest of the arms' (an arm without two paired seeds
+    leaves the row undecided, naming it)."""
+    short = [a["arm"] for a in arms if a["n"] < 2]
+    if short:
+        return {"verdict": UNDECIDED if any(a["n"] for a in arms) else NOT_RUN, "note": f"fewer than 2 paired seeds in arm {', '.join(short)}"}
+    p_keeps, p_degrades = max(a["p_keeps"] for a in arms), max(a["p_degrades"] for a in arms)
+    return {"verdict": verdict(p_keeps, p_degrades, alpha), "p_keeps": p_keeps, "p_degrades": p_degrades}
+
+
+def _num(v: float | None, fmt: str = "+.3f") -> str:
+    return "-" if v is None else format(v, fmt)
+
+
+def _ci(ci: list[float] | None) -> str:
+    return "-" if not ci else f"[{ci[0]:+.3f}, {ci[1]:+.3f}]"
+
+
+ARM_TEXT = {"tuned": "tuned", "A": "arm A (the reference's rate)", "B": "arm B (the architecture's rate)"}
+
+
+def row_text(row: dict) -> str:
+    """The row as a few lines of plain text (what ``basecap compare`` prints)."""
+    lines = [
+        f"{row['architecture']} against {row['reference']} in {row['study']} (size {row['size']}, seeds {', '.join(map(str, row['seeds']))}; "
+        f"tuned rate {row['lr']:g} from {', '.join(f'{x:g}' for x in row['grid'])})",
+        f"  {'':<44}{'seeds':>6}{'gap':>9}  {'95% interval':<18}" + "".join(f"{d:>9}" for d in row["domains"]) + "  verdict",
+    ]
+    for a in row["arms"]:
+        label = f"{ARM_TEXT[a['arm']]}, lr {a['lr']:g}"
+        doms = "".join(f"{_num(a.get('domains', {}).get(d, {}).get('gap')):>9}" for d in row["domains"])
+        why = a.get("note") or (a.get("notes") or [None])[0] if not a["n"] else None
+        lines.append(f"  {label:<44}{a['n']:>6}{_num(a['gap']):>9}  {_ci(a['ci95']):<18}{doms}  {a['verdict']}" + (f" ({why})" if why else ""))
+    o = row["overall"]
+    ps = (
+        f" (p keeps {o['p_keeps']:.3g}, p degrades {o['p_degrades']:.3g}, read {row['arms'][0].get('reading', 'one look')})" if "p_keeps" in o else ""
+    )
+    lines.append(f"  verdict over the arms: {o['verdict']}{ps}" + (f"; {o['note']}" if o.get("note") else ""))
+    extra = []
+    if row.get("mqar"):
+        m = row["mqar"]
+        extra.append(
+            f"MQAR accuracy at {m['score_kv_pairs']} pairs {m['mean']:.3f} over {len(m['values'])} seed(s)"
+            + (" (shortened protocol)" if m.get("shortened") else "")
+        )
+    if row.get("state_bytes") is not None:
+        extra.append(
+            f"state {row['state_bytes'] / 2**10:.1f} KiB/sequence at T={row['state_at']}" + (" (grows with T)" if row.get("state_grows") else "")
+        )
+    for T, s in (row.get("speed") or {}).items():
+        extra.append(f"speed at T={T}: {s['tokens_per_s']:,.0f} tokens/s forward+backward, {s['x_reference']:.2f}x {row['reference_mixer']}'s")
+    if row.get("cost"):
+        extra.append(f"cost {row['cost']}")
+    if row.get("params"):
+        extra.append(f"{row['params']['non_embedding'] / 1e6:.2f}M non-embedding parameters, in-domain loss {_num(row.get('in_domain_loss'), '.3f')}")
+    lines += [f"  {x}" for x in extra]
+    return "\n".join(lines)
