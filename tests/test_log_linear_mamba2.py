@@ -178,7 +178,7 @@ def test_the_decode_state_grows_as_log2_of_the_length():
 
 
 def test_flops_count_the_level_read_out():
-    m = build_mixer(parse_mixer_config({"name": "log_linear_mamba2"}), 128)
+    m = build_mixer(parse_mixer_config({"name": "log_linear_mamba2", "chunk_size": 64}), 128)
     E, N = m.d_inner, m.d_state
     at = {T: m.flops_per_token(T) for T in (64, 256, 4096)}
     assert at[64] < at[256] < at[4096]  # the chunks further on read more levels

@@ -32,7 +32,7 @@ from torch import nn
 
 from ..ops.norm import RMSNorm
 from ..ops.short_conv import ShortConv
-from .base import Mixer, MixerConfig, State
+from .base import LINEAR, Mixer, MixerConfig, State
 from .kit.recurrent import check_ranges, conv_bytes, conv_or_silu, conv_state, init_A_log, init_dt_bias, keep_init
 
 Tensor = torch.Tensor
@@ -189,7 +189,7 @@ class LogLinearMamba2Config(MixerConfig):
     short_conv: bool = True
     out_norm: bool = True
     norm_eps: float = Field(1e-5, gt=0)
-    chunk_size: int = Field(64, gt=0)
+    chunk_size: int = Field(256, gt=0, description="tokens per exact block of the chunked form (256: one quadratic block at the small size)")
     impl: Literal["ref", "chunked", "fast", "auto"] = "auto"
 
     @model_validator(mode="after")
@@ -294,6 +294,12 @@ class LogLinearMamba2(Mixer):
         """After ``seq_len`` tokens: one [H, P, N] state per level of position seq_len, bit_length(seq_len) of them
         (popcount(seq_len) non-zero; the others are the empty slots a later carry fills), plus the conv cache."""
         return max(seq_len, 0).bit_length() * self.d_inner * self.d_state * 4 + conv_bytes(self.conv)
+
+    def cost(self, seq_len: int) -> str:
+        """LINEAR, the closest string the catalog's grammar (T, T^2, C, W) has: the form is O(T log T) in training
+        (each chunk reads the log2 T level states entering it) and O(log T) per decoded token (the level states).
+        Reading it off ``flops_per_token`` could say QUADRATIC at long chunks, where the log factor looks like growth."""
+        return LINEAR
 
     def flops_per_token(self, seq_len: int) -> float:
         """FLOPs of the chunked training form per token (chunk C): inside a chunk the scores C.B (2 C N), the decay
