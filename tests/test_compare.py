@@ -170,6 +170,9 @@ def test_a_study_with_other_records_is_refused(published, tmp_path):
     shutil.copytree(published / "experiments", root / "experiments")
     runs = root / "results" / "tinystudy" / "runs"
     shutil.copytree(published / "results" / "tinystudy", runs.parent)
+    info = json.loads((runs / "tpp-s0" / "run.json").read_text())
+    info["config"]["train"]["progress"] = True  # a display switch: the same training, still found (s1 is the first refused)
+    (runs / "tpp-s0" / "run.json").write_text(json.dumps(info))
     info = json.loads((runs / "tpp-s1" / "run.json").read_text())
     info["corpus"]["dir"] = "tiny-0000000000000000"
     (runs / "tpp-s1" / "run.json").write_text(json.dumps(info))

@@ -25,7 +25,7 @@ from ..config_base import ConfigError, check_name
 from ..rundir import git_state
 from . import measure
 from .row import arm_reading, overall, row_text
-from .study import Design, check_record, find_design, locate, look_seeds, rate_label, with_runs
+from .study import Design, as_recorded, check_record, find_design, locate, look_seeds, rate_label, with_runs
 
 __all__ = ["compare", "load_mixer_files", "row_text"]
 
@@ -106,7 +106,7 @@ def _train_runs(exp, seeds: list[list[int]], work: Path, corpus, sources: list[P
                 if found is None:
                     log(f"[{rc.run_id}] no published record of this reference run: seed {rc.seed} is not paired with it")
                     continue
-                reuse_run(config, rc.run_id, run_dir, [found.parent], log=log)
+                reuse_run(as_recorded(config, found), rc.run_id, run_dir, [found.parent], log=log)
             elif not reuse_run(config, rc.run_id, run_dir, [work, *sources], log=log):
                 train(rc, run_dir, corpus=corpus, log=log)
             if not (run_dir / "eval.json").exists():

@@ -3,7 +3,8 @@ reference's other learning rates), and its records checked against that design a
 
 The design is the study's experiment file at its size (``experiments/paper/claims.toml`` names both for every
 published study; ``--experiment`` and ``--size`` for one it does not list), with the run-config overrides the study
-was run with (``--set train.threads=1``, recorded in ``results/<study>/runs/experiment.json``) and the learning rates
+was run with (``--set train.threads=1``: recorded in ``results/<study>/runs/experiment.json``, and for the keys that
+only say how a run executed, ``EXECUTION_KEYS``, read from its records) and the learning rates
 a tune study chose (its ``tuning.json``) written into its runs, so that every run the design describes is config for
 config the run that was trained. A reference record is found by that config (``basecap.reuse``), never by name.
 """
@@ -53,12 +54,29 @@ def read_claims(path: Path) -> ClaimsFile:
         raise ConfigError(f"{path}: {e}") from None
 
 
+# run-config keys that say how a run was executed rather than what it computes; a study's processes may have been
+# started with different --set values of them, so its records, not its last command, say which the study ran with
+EXECUTION_KEYS = ("train.progress", "train.threads")
+
+
 def _recorded_overrides(results: Path) -> dict:
-    """The run-config overrides (--set) the study's runs were trained with, from its experiment.json."""
+    """The run-config overrides (--set) the study's runs were trained with: its experiment.json's (the last command's),
+    then the execution keys as its records have them."""
     try:
-        return dict(json.loads((results / "runs" / "experiment.json").read_text(encoding="utf-8")).get("overrides") or {})
+        out = dict(json.loads((results / "runs" / "experiment.json").read_text(encoding="utf-8")).get("overrides") or {})
     except (OSError, ValueError):
-        return {}
+        out = {}
+    for info in sorted((results / "runs").glob("*/run.json")):
+        try:
+            config = json.loads(info.read_text(encoding="utf-8"))["config"]
+        except (OSError, ValueError, KeyError):
+            continue
+        for key in EXECUTION_KEYS:
+            section, field = key.split(".")
+            if field in config.get(section, {}):
+                out[key] = config[section][field]
+        break
+    return out
 
 
 def _plain(exp: ExperimentConfig, results: Path) -> ExperimentConfig:
@@ -186,15 +204,41 @@ def _diff(a: dict, b: dict, prefix: str = "") -> list[str]:
     return out
 
 
+# keys that only change what a run prints: a record that differs from the design in them alone is the same training
+# (the studies' processes ran with and without `--set train.progress=false`)
+DISPLAY_KEYS = (("train", "progress"),)
+
+
+def _variants(config: dict) -> list[dict]:
+    """``config``, then with each boolean display key the other way."""
+    out = [config]
+    for section, field in DISPLAY_KEYS:
+        if isinstance(config.get(section, {}).get(field), bool):
+            out += [{**c, section: {**c[section], field: not c[section][field]}} for c in list(out)]
+    return out
+
+
 def locate(rc: RunConfig, sources: list[Path]) -> Path | None:
-    """The finished record of ``rc`` (its config but for the name) in the first source that has one."""
+    """The finished record of ``rc`` (its config but for the name and the display keys) in the first source that
+    has one."""
     config = json.loads(rc.model_dump_json())
     for src in sources:
         if Path(src).is_dir():
-            found = find_reusable(config, [Path(src)])
-            if found is not None:
-                return found
+            for variant in _variants(config):
+                found = find_reusable(variant, [Path(src)])
+                if found is not None:
+                    return found
     return None
+
+
+def as_recorded(config: dict, found: Path) -> dict:
+    """``config`` with the display keys as the record in ``found`` has them (what ``basecap.reuse`` compares)."""
+    stored = json.loads((found / "run.json").read_text(encoding="utf-8"))["config"]
+    out = json.loads(json.dumps(config))
+    for section, field in DISPLAY_KEYS:
+        if field in stored.get(section, {}):
+            out[section][field] = stored[section][field]
+    return out
 
 
 def check_record(design: Design, rc: RunConfig, found: Path | None, corpus_key: str) -> None:
