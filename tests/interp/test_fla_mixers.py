@@ -20,7 +20,7 @@ import torch
 from basecap.config_base import ConfigError
 
 from basecap.kernels import fla as fk
-from test_fla_emulation import KERNEL_OF, MUTATIONS, _check, _pair, _wrong, state_errors, training_errors
+from test_fla_emulation import KERNEL_OF, MUTATIONS, STATELESS_KERNELS, _check, _pair, _wrong, state_errors, training_errors
 
 # (output, gradient) relative-error bounds against chunked: fp32 kernels differ by summation order only
 # (measured <= 1.1e-6); fp16 by the rounding of q/k/v/beta (measured <= 1.3e-3). A mapping error gives 1e-2
@@ -29,7 +29,17 @@ TOL = {"fp32": (1e-5, 2e-5), "fp16": (4e-3, 8e-3)}
 # RWKV-7 in fp32: the DPLR kernels' chunk-wise triangular solves (measured <= 3.5e-5 / 1.2e-4)
 TOL_MIXER = {"rwkv7": (1e-4, 4e-4)}
 PRECISION = {"deltanet": "fp16"}
-MIXERS = sorted(KERNEL_OF)
+# fla mixers whose kernels this tier does not interpret, and why; their adapters' mappings are checked by the
+# emulation tier against fla's naive references (tests/test_fla_emulation.py), their kernels on a GPU only
+NOT_INTERPRETED = {
+    # measured 2026-12-05, one thread: 266 s (training), 149 s (state), 139 s (wrong mapping), over the tier's budget
+    "kda": "chunk_kda interpreted takes 150-270 s per check",
+    # measured 2026-12-05, one thread: 149 s for the training check alone
+    "forgetting_attn": "parallel_forgetting_attn interpreted takes ~150 s per check",
+    # Triton 3.9's interpreter raises ValueError('mask has unsupported dtype') inside chunk_log_linear_attn
+    "log_linear_mamba2": "the interpreter cannot run chunk_log_linear_attn (mask has unsupported dtype)",
+}
+MIXERS = sorted(set(KERNEL_OF) - set(NOT_INTERPRETED))
 # the module of fla.ops whose Triton kernels must launch for each mixer (fla's kernels for one op live in
 # that op's package and in the shared fla.ops.common / fla.ops.utils)
 KERNEL_PACKAGES = {"mamba2": ("simple_gla", "common"), "deltanet": ("delta_rule",), "gated_deltanet": ("gated_delta_rule",),
@@ -83,7 +93,7 @@ def test_fast_state_path_on_real_kernels(monkeypatch, launches, name):
     errs = state_errors(ref, fast)
     print(f"{name} state ({PRECISION.get(name, 'fp32')}, {time.perf_counter() - t0:.1f} s): " + ", ".join(f"{k} {e:.1e}" for k, e in errs.items()))
     _check(errs, *tol, f"{name} prefill + decode")
-    if name == "based":  # no state in parallel_based: the chunked form runs whenever a state is passed
+    if name in STATELESS_KERNELS:  # no state in the op (parallel_based): the chunked form runs whenever a state is passed
         assert not _fla_launches(launches), launches
     else:
         _assert_kernels_ran(name, launches)
@@ -107,7 +117,7 @@ def test_a_silent_fallback_fails_the_launch_check(monkeypatch, launches):
 
 
 
-@pytest.mark.parametrize("name", sorted(MUTATIONS))
+@pytest.mark.parametrize("name", sorted(set(MUTATIONS) - set(NOT_INTERPRETED)))
 def test_real_kernels_catch_a_wrong_mapping(monkeypatch, name):
     """The emulation tier's deliberately wrong mappings (the op's default scale instead of ours, a
     transposed DeltaNet state, RWKV-7's a and b swapped, scale 1 for Based) fail by far on the real
