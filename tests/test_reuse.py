@@ -138,3 +138,18 @@ def test_a_published_study_keeps_its_tuning_runs_records_and_can_stand_in_for_it
         assert "reused_from" not in info and info["restored_from"].startswith(str(out)), d.name
     assert "Reused runs" not in report(sorted(runs.glob("*-s0")), tmp_path / "restored", reference="tpp").read_text()
     assert json.loads((runs / TUNING_FILE).read_text())["runs"]["tpp"]["chosen"] == {"train.lr": 0.01}
+
+
+def test_a_display_key_alone_does_not_make_another_run():
+    """A run trained with the progress bar and one trained without it (`--set train.progress=false`) are the same
+    training: the key ignores it, and nothing else that changes what is computed."""
+    from basecap.config import validate_run
+    from basecap.reuse import _key
+
+    cfg = json.loads(validate_run({"name": "a", "seed": 0, "model": {"d_model": 32, "n_layers": 2}}).model_dump_json())
+    quiet = json.loads(json.dumps(cfg))
+    quiet["train"]["progress"] = not cfg["train"]["progress"]
+    assert _key(quiet) == _key(cfg)
+    other = json.loads(json.dumps(cfg))
+    other["train"]["lr"] = cfg["train"]["lr"] * 2
+    assert _key(other) != _key(cfg)

@@ -20,6 +20,9 @@ from .atomic import write_json
 from .rundir import RunDir
 
 LABELS = ("name",)  # config keys that only label a run
+# keys that only change what a run prints: a run trained with and without `--set train.progress=false` is the same
+# training, so a record that differs from the config in them alone is reusable
+DISPLAY_KEYS = (("train", "progress"),)
 
 
 def _key(config: dict) -> str:
@@ -31,7 +34,11 @@ def _key(config: dict) -> str:
         config = json.loads(RunConfig.model_validate(config).model_dump_json())
     except ValueError:  # a config today's code no longer accepts: compared as stored (it matches nothing valid)
         pass
-    return json.dumps({k: v for k, v in config.items() if k not in LABELS}, sort_keys=True)
+    out = {k: v for k, v in config.items() if k not in LABELS}
+    for section, field in DISPLAY_KEYS:
+        if isinstance(out.get(section), dict):
+            out[section] = {k: v for k, v in out[section].items() if k != field}
+    return json.dumps(out, sort_keys=True)
 
 
 def find_reusable(config: dict, sources: list[Path]) -> Path | None:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from ..config import ExperimentConfig, RunConfig, load_experiment
 from ..config_base import ConfigError, set_key
-from ..reuse import find_reusable
+from ..reuse import DISPLAY_KEYS, find_reusable
 from ..scorecard.claims import CLAIMS_FILE, ClaimsFile, experiment_path
 from ..scorecard.sequential import Plan
 from ..sweep import TUNING_FILE, read_tuning
@@ -204,9 +204,6 @@ def _diff(a: dict, b: dict, prefix: str = "") -> list[str]:
     return out
 
 
-# keys that only change what a run prints: a record that differs from the design in them alone is the same training
-# (the studies' processes ran with and without `--set train.progress=false`)
-DISPLAY_KEYS = (("train", "progress"),)
 
 
 def _variants(config: dict) -> list[dict]:
