@@ -182,3 +182,26 @@ def test_simulated_error_control_is_at_most_alpha():
     assert {c["configuration"] for c in sim["configurations"]} == {"holds_boundary", "fails_boundary", "mixed", "undeclared_look"}
     for c in sim["configurations"]:
         assert c["any_false"] <= ALPHA + 3 * math.sqrt(ALPHA * (1 - ALPHA) / 300), c
+
+
+def test_an_arm_that_cannot_reach_the_band_is_read_at_its_pairs_rule_band():
+    """DeltaNet at 2e-3 never anneals to 4.0 on every seed (published records), so arm A of `deltanet_worse` is read at
+    the band of the study's width from the lowest level both runs reach, rounded up to 0.05; a pair that reaches the
+    study's band keeps it."""
+    from pathlib import Path
+
+    from basecap.scorecard.compute import load_study
+    from basecap.scorecard.robust import pair_band
+
+    study = load_study(Path(__file__).resolve().parents[1] / "results" / "architectures_rate_arms")
+    moved = pair_band(_claim(run="deltanet_lr2e-3", reference="transformer_pp", study="architectures_rate_arms"), study)
+    assert moved is not None and moved["band"] == [4.1, 4.3]
+    assert 4.05 < moved["common"][0] <= 4.1
+    assert pair_band(_claim(run="mamba2_lr2e-3", reference="transformer_pp", study="architectures_rate_arms"), study) is None
+
+
+def test_an_unreadable_arm_keeps_the_claim_undecided_and_says_so():
+    row = _row(0.001, 1.0)
+    row["arms"] = [{"label": "A: both at 2e-3", "status": "unreadable", "test": None}]
+    combine(row)
+    assert row["test"]["p_holds_claim"] == 1.0 and "no band to read: A" in row["arm_note"]

@@ -301,6 +301,8 @@ def _spec_cell(s: dict | None) -> str:
     if s is None:
         return ""
     what = f"{s['label'].split(': ', 1)[1]}: " if s.get("label") else ""
+    if s.get("label") and s.get("band"):  # an arm read at the rule band: its pair does not reach the study's
+        what = f"{what[:-2]} (at {s['band'][0]:.2f}-{s['band'][1]:.2f}): "
     if s["verdict"] in ("n/a", "waiting"):
         return what + s["verdict"]
     return f"{what}{_n(s['estimate'])} {_ci(s['ci95'])} {s['verdict']}".strip()
@@ -325,7 +327,9 @@ def robustness_markdown(card: dict) -> list[str]:
         "learning rate held equal: A, both at Transformer++'s 2e-3; B, both at the architecture's tuned rate). Each cell is the estimate [95% CI] and the verdict that specification alone would "
         "give at the levels the claim's verdict used. A decided verdict is *robust* only when every specification "
         "agrees; otherwise the row names the one that breaks it. *n/a*: the specification cannot be read (the study "
-        "has no band, or too few curves reach the level); *waiting*: the arm's runs are not published yet.",
+        "has no band, or too few curves reach the level); *waiting*: the arm's runs are not published yet. An arm whose "
+        "pair does not reach the study's band on every seed is read at the rule band of its pair (the band of the "
+        "same width from the lowest level both reach, rounded up to 0.05; docs/metrics.md), shown as \"(at a-b)\".",
         "",
         "| claim | verdict | primary | " + " | ".join(names) + " |",
         "|" + "---|" * (3 + len(names)),

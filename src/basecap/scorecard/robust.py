@@ -18,7 +18,7 @@ import math
 import numpy as np
 from scipy import stats
 
-from ..report.design import curves, measures
+from ..report.design import curves, measures, reach
 from .claims import Arm, Claim, ClaimsFile
 from .compute import Study, claim_values, lacking_runs, level_band
 from .sequential import Plan
@@ -50,6 +50,20 @@ def arm_claim(claim: Claim, arm: Arm) -> Claim:
     return claim.model_copy(update={"study": arm.study, "run": arm.run, "reference": arm.reference, "arms": [], "measure": "primary"})
 
 
+def pair_band(claim: Claim, study: Study) -> dict | None:
+    """Where an arm's pair is read when the study's band is not inside the pair's common reach (a run at a rate far
+    from its optimum may never anneal into it): the rule of docs/metrics.md, "When a curve cannot reach the band",
+    applied to the pair's curves alone (the band of the same width whose bottom is the lowest in-domain loss every
+    seed of both runs reaches, rounded up to 0.05). None when the band is held, or the study has no band."""
+    design = study.summary.get("design") or {}
+    if not design.get("band"):
+        return None
+    r = reach([run for (name, _), run in study.runs.items() if name in claim.runs], design)
+    if r is None or r["band_held"]:
+        return None
+    return {"band": r["rule_band"], "common": r["common"]}
+
+
 def arms_of(claim: Claim, claims: ClaimsFile, studies: dict[str, Study], domains: list[str]) -> list[dict]:
     """Each arm of ``claim``: its reading, or what it waits for (then its p values count as 1: the claim cannot hold
     or fail before every arm is in)."""
@@ -64,7 +78,21 @@ def arms_of(claim: Claim, claims: ClaimsFile, studies: dict[str, Study], domains
             entry.update(status="waiting", detail=f"results/{folder}/ {'has no records of ' + ', '.join(lacking) if st else 'is not published yet'}")
             entry["test"] = None
         else:
-            entry.update(status="measured", **read(c, st, plan_of(claims, arm.study), domains, claims.margin))
+            moved = pair_band(c, st)
+            if moved is not None and moved["band"] is None:
+                lo, hi = moved["common"]
+                entry.update(status="unreadable", detail=f"no band of the study's width fits the pair's common reach {lo:.3f}-{hi:.3f}")
+                entry["test"] = None
+            else:
+                band = None if moved is None else tuple(moved["band"])
+                entry.update(status="measured", **read(c, st, plan_of(claims, arm.study), domains, claims.margin, band))
+                if band is not None:
+                    lo, _ = moved["common"]
+                    entry["band"] = list(band)
+                    entry["detail"] = (
+                        f"read at {band[0]:.2f}-{band[1]:.2f}: the study's band is not inside the pair's common reach "
+                        f"(every seed of both runs anneals to {lo:.3f} or below only from there; docs/metrics.md, rule band)"
+                    )
         out.append(entry)
     return out
 
@@ -79,8 +107,14 @@ def combine(row: dict) -> None:
     pf = [own_f] + [a["test"]["p_fails_plan"] if a.get("test") and a["test"]["n"] >= 2 else 1.0 for a in arms]
     t["p_holds_claim"], t["p_fails_claim"] = max(ph), max(pf)
     waiting = [a["label"] for a in arms if a["status"] == "waiting"]
+    unreadable = [a["label"] for a in arms if a["status"] == "unreadable"]
+    notes = []
     if waiting:
-        row["arm_note"] = f"arms still to come: {', '.join(waiting)}"
+        notes.append(f"arms still to come: {', '.join(waiting)}")
+    if unreadable:
+        notes.append(f"arms with no band to read: {', '.join(unreadable)}")
+    if notes:
+        row["arm_note"] = "; ".join(notes)
 
 
 def verdict_at(t: dict | None, a_holds: float, a_fails: float) -> str:
@@ -145,7 +179,8 @@ def specifications(row: dict, claim: Claim, study: Study, claims: ClaimsFile, do
                 "estimate": at["mean"] if at else None,
                 "ci95": at["ci95"] if at else None,
                 "n": at["n"] if at else 0,
-                "verdict": verdict_at(at, a_h, a_f) if at else "waiting",
+                "verdict": verdict_at(at, a_h, a_f) if at else ("n/a" if a["status"] == "unreadable" else "waiting"),
+                **({"band": a["band"]} if a.get("band") else {}),
             }
         )
     row["specs"] = specs
