@@ -167,6 +167,9 @@ def test_report_applies_a_design_given_on_the_command_line(tmp_path):
     (tmp_path / "none.toml").write_text("name = 'x'\n")
     with pytest.raises(ConfigError, match=r"no \[compare\] table"):
         load_design(tmp_path / "none.toml")
+    # an experiment file that sets the design per size: the table of the file's own size
+    (tmp_path / "exp.toml").write_text('size = "small"\n[sizes.small]\ncompare = { band = [4.4, 4.6], targets = "seen", points = "annealed" }\n')
+    assert load_design(tmp_path / "exp.toml")["band"] == [4.4, 4.6]
 
 
 def test_a_size_carries_its_own_design(tmp_path):

@@ -223,6 +223,9 @@ def test_numbers_quoted_in_study_readmes_match_summary_json(readme):
     interactions = [c for s in summaries for c in s.get("interactions") or []]  # limited gap minus mixed gap
     triples = [(c.get("mean_gap", c.get("mean_diff", c.get("mean"))), *c["ci95"]) for s in summaries
                for c in s["comparisons"] + s["in_domain_comparisons"] + by_measure + interactions if c["ci95"]]
+    # and the scorecard's claim-level numbers (a claim's mean over its domains, under each specification)
+    card = json.loads((ROOT / "results" / "scorecard.json").read_text())
+    triples += [(x["estimate"], *x["ci95"]) for r in card["claims"] for x in r.get("specs") or [] if x.get("ci95")]
     study = Path(readme).parent
     # a study still training may keep its finished runs' records with a README and no report yet
     owns = [json.loads(f.read_text()) for f in [study / "summary.json", *study.glob("*/summary.json")] if f.is_file()]

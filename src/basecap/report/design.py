@@ -70,16 +70,20 @@ def design_of(run_dirs: list[Path]) -> dict | None:
 
 
 def load_design(path: Path) -> dict:
-    """The validated ``[compare]`` table of a TOML file (``basecap report --compare``)."""
+    """The validated ``[compare]`` table of a TOML file (``basecap report --compare``): its top-level table, or in an
+    experiment file that sets it per size, the table of the file's own ``size``."""
     import tomllib
 
     from ..config_base import ConfigError
     from ..config_sections import CompareConfig
 
     try:
-        table = tomllib.loads(Path(path).read_text(encoding="utf-8")).get("compare")
+        data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, tomllib.TOMLDecodeError) as e:
         raise ConfigError(f"--compare {path}: {e}") from None
+    table = data.get("compare")
+    if not table and isinstance(data.get("size"), str):
+        table = ((data.get("sizes") or {}).get(data["size"]) or {}).get("compare")
     if not table:
         raise ConfigError(f"--compare {path}: no [compare] table")
     try:

@@ -172,6 +172,7 @@ def build_scorecard(root: str | Path = ".", claims_path: str | Path | None = Non
         plan = row["plan"] = plan_of(claims, c.study)
         row["test"] = apply_plan(claim_tests(c, got["values"], claim_margin(c, claims.margin)), plan)
         row["arms"] = arms_of(c, claims, studies, domains)
+        row["controls"] = arms_of(c, claims, studies, domains, c.controls)
         row["study_obj"] = st
         combine(row)
     principle = None

@@ -97,6 +97,9 @@ class Claim(Strict):
     seeds: list[int] | None = None  # only these seeds (default: every seed both runs have)
     measure: Literal["primary", "legacy", "evals_all", "evals_seen", "annealed_all", "annealed_seen"] = "primary"
     arms: list[Arm] = []  # the rate arms (or other specifications) the verdict must also hold in
+    # controls: the same comparison in another study (e.g. another tokenizer), read as specifications of the
+    # verdict (its robustness), not as part of its test
+    controls: list[Arm] = []
     gpu: str | None = None  # needs the paper's GPU scale: what would have to run
     untestable: str | None = None  # no study can test it: why
     metric: Literal["ood_gap", "speed_ratio", "accuracy"] = "ood_gap"  # what the statistic is (METRICS)
@@ -158,7 +161,7 @@ class Claim(Strict):
             return
         if self.expect not in ("worse", "better", "no_effect"):
             raise ValueError(f"expect: a {self.metric} claim is worse, better or no_effect, got {self.expect!r}")
-        if self.arms or self.measure != "primary" or self.domains is not None:
+        if self.arms or self.controls or self.measure != "primary" or self.domains is not None:
             raise ValueError(f"a {self.metric} claim has no arms, measure or domains (those are the loss gap's)")
         if self.margin is None or not math.isfinite(self.margin):
             raise ValueError(f"margin: a {self.metric} claim states its own margin")
@@ -231,11 +234,11 @@ class ClaimsFile(Strict):
                     raise ValueError(
                         f"claims[{i}] ({c.id}): analogue_of: a CPU analogue (no gpu) of a claim at the paper's GPU scale, got {c.analogue_of!r}"
                     )
-            for a in c.arms:
+            for kind, a in [*(("arm", a) for a in c.arms), *(("control", a) for a in c.controls)]:
                 if a.study not in self.studies:
-                    raise ValueError(f"claims[{i}] ({c.id}): arm {a.label!r}: unknown study {a.study!r}")
+                    raise ValueError(f"claims[{i}] ({c.id}): {kind} {a.label!r}: unknown study {a.study!r}")
                 if c.expect in ("trend", "interaction"):
-                    raise ValueError(f"claims[{i}] ({c.id}): arms are for pair claims (a run against a reference)")
+                    raise ValueError(f"claims[{i}] ({c.id}): {kind}s are for pair claims (a run against a reference)")
         in_family = {c.study for c in self.claims} | {self.studies[c.study].superseded_by for c in self.claims if c.study in self.studies}
         for i, step in enumerate(self.scale_steps):
             claim = next((c for c in self.claims if c.id == step.claim), None)
@@ -310,9 +313,9 @@ def check_runs(claims: ClaimsFile, root: Path, path: Path) -> None:
                 )
     steps = [(f"scale_steps[{i}]", claims.step_claim(st)) for i, st in enumerate(claims.scale_steps)]
     arms = [
-        (f"claims[{i}] arm {a.label!r}", c.model_copy(update={"study": a.study, "run": a.run, "reference": a.reference, "arms": []}))
+        (f"claims[{i}] arm {a.label!r}", c.model_copy(update={"study": a.study, "run": a.run, "reference": a.reference, "arms": [], "controls": []}))
         for i, c in enumerate(claims.claims)
-        for a in c.arms
+        for a in [*c.arms, *c.controls]
     ]
     for where, c in [*((f"claims[{i}]", c) for i, c in enumerate(claims.claims)), *steps, *arms]:
         if c.study is None:

@@ -47,7 +47,7 @@ def read(claim: Claim, study: Study, plan: Plan, domains: list[str], margin: flo
 
 
 def arm_claim(claim: Claim, arm: Arm) -> Claim:
-    return claim.model_copy(update={"study": arm.study, "run": arm.run, "reference": arm.reference, "arms": [], "measure": "primary"})
+    return claim.model_copy(update={"study": arm.study, "run": arm.run, "reference": arm.reference, "arms": [], "controls": [], "measure": "primary"})
 
 
 def pair_band(claim: Claim, study: Study) -> dict | None:
@@ -64,11 +64,11 @@ def pair_band(claim: Claim, study: Study) -> dict | None:
     return {"band": r["rule_band"], "common": r["common"]}
 
 
-def arms_of(claim: Claim, claims: ClaimsFile, studies: dict[str, Study], domains: list[str]) -> list[dict]:
-    """Each arm of ``claim``: its reading, or what it waits for (then its p values count as 1: the claim cannot hold
-    or fail before every arm is in)."""
+def arms_of(claim: Claim, claims: ClaimsFile, studies: dict[str, Study], domains: list[str], arms: list[Arm] | None = None) -> list[dict]:
+    """Each arm of ``claim`` (or each of ``arms``: its controls): its reading, or what it waits for (then its p values
+    count as 1: the claim cannot hold or fail before every arm is in)."""
     out = []
-    for arm in claim.arms:
+    for arm in claim.arms if arms is None else arms:
         c = arm_claim(claim, arm)
         folder = claims.results_dir(arm.study)
         st = studies.get(folder)
@@ -176,6 +176,18 @@ def specifications(row: dict, claim: Claim, study: Study, claims: ClaimsFile, do
             {
                 "spec": f"rate arm {a['label'].split(':')[0]}",
                 "label": a["label"],
+                "estimate": at["mean"] if at else None,
+                "ci95": at["ci95"] if at else None,
+                "n": at["n"] if at else 0,
+                "verdict": verdict_at(at, a_h, a_f) if at else ("n/a" if a["status"] == "unreadable" else "waiting"),
+                **({"band": a["band"]} if a.get("band") else {}),
+            }
+        )
+    for a in row.get("controls") or []:
+        at = a.get("test")
+        specs.append(
+            {
+                "spec": f"control: {a['label']}",
                 "estimate": at["mean"] if at else None,
                 "ci95": at["ci95"] if at else None,
                 "n": at["n"] if at else 0,
