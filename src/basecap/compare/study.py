@@ -204,8 +204,6 @@ def _diff(a: dict, b: dict, prefix: str = "") -> list[str]:
     return out
 
 
-
-
 def _variants(config: dict) -> list[dict]:
     """``config``, then with each boolean display key the other way."""
     out = [config]
