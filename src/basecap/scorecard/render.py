@@ -455,7 +455,12 @@ def _study_line(name: str, s: dict, card: dict) -> str:
     """One line per published study: its runs and seeds, and the claims it answers with their verdicts."""
     runs = ", ".join(f"{r['name']} ({len(r['seeds'])})" for r in s["runs"])
     claims = [r for r in card["claims"] if r["results"] == name]
-    said = "; ".join(f"`{r['id']}` {r['verdict']}" for r in claims) or "no claim of the paper"
+    said = "; ".join(f"`{r['id']}` {r['verdict']}" for r in claims)
+    for kind, what in (("arms", "rate arms of"), ("controls", "a control of")):
+        of = [r["id"] for r in card["claims"] if any(a.get("results") == name for a in r.get(kind) or [])]
+        if of:
+            said += ("; " if said else "") + f"{what} " + ", ".join(f"`{i}`" for i in of)
+    said = said or "no claim of the paper"
     copies = sum(c["study"] == name for c in card["copies"])
     reuse = f"; {copies} records are copies" if copies else ""
     return f"- [`results/{name}/`](results/{name}/README.md): runs (seeds) {runs}{reuse}. Claims: {said}."
