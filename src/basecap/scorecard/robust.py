@@ -84,14 +84,14 @@ def arms_of(claim: Claim, claims: ClaimsFile, studies: dict[str, Study], domains
                 entry.update(status="unreadable", detail=f"no band of the study's width fits the pair's common reach {lo:.3f}-{hi:.3f}")
                 entry["test"] = None
             else:
-                band = None if moved is None else tuple(moved["band"])
+                band = None if moved is None else (float(moved["band"][0]), float(moved["band"][1]))
                 entry.update(status="measured", **read(c, st, plan_of(claims, arm.study), domains, claims.margin, band))
-                if band is not None:
-                    lo, _ = moved["common"]
+                if moved is not None and band is not None:
+                    lo = moved["common"][0]
                     entry["band"] = list(band)
                     entry["detail"] = (
                         f"read at {band[0]:.2f}-{band[1]:.2f}: the study's band is not inside the pair's common reach "
-                        f"(every seed of both runs anneals to {lo:.3f} or below only from there; docs/metrics.md, rule band)"
+                        f"(the lowest level every seed of both runs reaches is {lo:.3f}; docs/metrics.md, rule band)"
                     )
         out.append(entry)
     return out
