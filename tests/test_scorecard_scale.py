@@ -87,6 +87,13 @@ def test_a_scale_step_not_run_in_part_and_measured(tmp_path):
     block = study_block(card, "architectures_annealed_4x")
     assert "A scale step outside the family" in block and "| `mamba2_worse` | small-4x |" in block
     assert "Scale step, outside the family: `mamba2_worse` (+0.202 [+0.161, +0.242] at small) at size small-4x" in readme_results(card, root)
+    # the same step at each size's lowest common level and at half of training: with the same records at both
+    # sizes, both readings agree and their differences are 0
+    assert [lv["level"] for lv in step["levels"]] == ["lowest", "half"]
+    for lv in step["levels"]:
+        assert lv["step"]["band"] == lv["base"]["band"] and lv["step"]["values"] == pytest.approx(lv["base"]["values"])
+        assert lv["difference"]["mean"] == pytest.approx(0, abs=1e-12)
+    assert "| `mamba2_worse` | lowest common level |" in text
 
 
 def test_welch_matches_the_textbook_formula():

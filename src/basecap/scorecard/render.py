@@ -411,6 +411,23 @@ def step_rows(step: dict, prefix: str = "") -> list[str]:
     return out
 
 
+def step_level_rows(step: dict) -> list[str]:
+    """A measured step's gap at both sizes at each other level (lowest common level, half of training)."""
+    out = []
+    for lv in step.get("levels") or []:
+
+        def cell(x):
+            if not x or not x.get("test"):
+                return "-"
+            t = x["test"]
+            return f"{_n(t['mean'])} {_ci(t['ci95'])} at {x['band'][0]:.2f}-{x['band'][1]:.2f} ({t['n']} seeds)"
+
+        d = lv["difference"]
+        diff = f"{_n(d['mean'])} {_ci(d['ci95'])} (Welch p {_p(d['p'])})" if d else "-"
+        out.append(f"| `{step['claim']}` | {lv['label']} | {cell(lv['base'])} | {cell(lv['step'])} | {diff} |")
+    return out
+
+
 STEP_HEADER = ["| claim | size | scale | study | gap [95% CI] | seeds | reading |", "|---|---|---|---|---|---|---|"]
 
 
@@ -432,6 +449,21 @@ def scale_markdown(card: dict) -> list[str]:
     ]
     for step in steps:
         lines += step_rows(step)
+    levels = [row for step in steps for row in step_level_rows(step)]
+    if levels:
+        size = next(s["size"] for s in steps if s.get("levels"))
+        base = next(s["base"]["size"] for s in steps if s.get("levels"))
+        lines += [
+            "",
+            "The same steps read at each size's lowest common level (the band from the lowest level every curve of the "
+            "pair reaches) and at half of training (the band centred on the level the slower run reaches at its fork "
+            "at 50%), so that a step is compared at the same level, at the same fraction of training, and where each "
+            "size's curves end:",
+            "",
+            f"| claim | where | {base} | {size} | difference (larger minus smaller) |",
+            "|---|---|---|---|---|",
+            *levels,
+        ]
     return lines
 
 

@@ -14,7 +14,12 @@ from pathlib import Path
 from scipy import stats
 
 from ..report.stats import paired_test
-from .compute import claim_values, lacking_runs, scale_of_config, scale_of_run
+from .compute import claim_values, lacking_runs, level_band, scale_of_config, scale_of_run
+
+# where else a step reads its gap, at both sizes (the specifications of docs/metrics.md, "Robust verdicts"): each
+# size at the lowest level every curve of its pair reaches, and at the level its slowest run reaches at half of
+# training (the same fraction of training at both sizes)
+STEP_LEVELS = (("lowest common level", "lowest"), ("half of training", "half"))
 
 
 def _test(values: list[float]) -> dict:
@@ -104,4 +109,28 @@ def scale_steps(root: Path, claims, studies: dict, rows: list[dict]) -> list[dic
             difference=welch(got["values"], row["values"]) if row["values"] else None,
         )
         entry["reading"] = reading(entry["test"], c.sign)
+        base = studies.get(row["results"]) if row.get("results") else None
+        if base is not None and row.get("claim_obj") is not None:
+            entry["levels"] = step_levels(row["claim_obj"], base, c, st, c.domains or claims.domains)
+    return out
+
+
+def _at_level(claim, study, level: str, domains: list[str]) -> dict | None:
+    band = level_band(claim, study, level)
+    if band is None:
+        return None
+    try:
+        got = claim_values(claim, study, domains, band)
+    except (ValueError, KeyError):  # a curve that does not reach the band
+        return None
+    return {"band": [round(band[0], 4), round(band[1], 4)], "values": got["values"], "test": _test(got["values"]) if got["values"] else None}
+
+
+def step_levels(base_claim, base, step_claim, step, domains: list[str]) -> list[dict]:
+    """The step's gap and its own size's at each of STEP_LEVELS, with the Welch difference (step minus own size)."""
+    out = []
+    for label, level in STEP_LEVELS:
+        a, b = _at_level(step_claim, step, level, domains), _at_level(base_claim, base, level, domains)
+        diff = welch(a["values"], b["values"]) if a and b else None
+        out.append({"label": label, "level": level, "step": a, "base": b, "difference": diff})
     return out
