@@ -170,6 +170,9 @@ def test_report_applies_a_design_given_on_the_command_line(tmp_path):
     # an experiment file that sets the design per size: the table of the file's own size
     (tmp_path / "exp.toml").write_text('size = "small"\n[sizes.small]\ncompare = { band = [4.4, 4.6], targets = "seen", points = "annealed" }\n')
     assert load_design(tmp_path / "exp.toml")["band"] == [4.4, 4.6]
+    assert "study_file" not in load_design(tmp_path / "exp.toml")  # no name: not an experiment file
+    (tmp_path / "exp.toml").write_text('name = "s"\n' + (tmp_path / "exp.toml").read_text())
+    assert load_design(tmp_path / "exp.toml")["study_file"] == "exp.toml"
 
 
 def test_a_size_carries_its_own_design(tmp_path):

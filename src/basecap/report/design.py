@@ -87,9 +87,12 @@ def load_design(path: Path) -> dict:
     if not table:
         raise ConfigError(f"--compare {path}: no [compare] table")
     try:
-        return json.loads(CompareConfig.model_validate(table).model_dump_json())
+        design = json.loads(CompareConfig.model_validate(table).model_dump_json())
     except ValueError as e:
         raise ConfigError(f"--compare {path}: {e}") from None
+    if isinstance(data.get("name"), str):  # an experiment file: the study's own design as the file now states it
+        design["study_file"] = Path(path).name
+    return design
 
 
 def _y(res: dict, targets: str) -> float | None:

@@ -35,7 +35,11 @@ def design_sections(summary: dict) -> list[str]:
         "## Comparison design",
         "",
         (
-            "Given on the command line (`basecap report --compare`): a re-analysis, chosen after the runs, so exploratory "
+            f"From the study file `{d['study_file']}` as it now stands, given with `basecap report --compare` because its "
+            "runs were started under an earlier version of it: any change since is a deviation recorded in the file with "
+            "its date, what had been read and its rule (docs/metrics.md, \"The comparison design\"). "
+            if d.get("given") and d.get("study_file")
+            else "Given on the command line (`basecap report --compare`): a re-analysis, chosen after the runs, so exploratory "
             "(docs/metrics.md, \"The comparison design\"). "
             if d.get("given")
             else "From the study file (docs/metrics.md, \"The comparison design\"), where it is fixed before any run trains; a "
