@@ -79,20 +79,21 @@ def arms_of(claim: Claim, claims: ClaimsFile, studies: dict[str, Study], domains
             entry["test"] = None
         else:
             moved = pair_band(c, st)
-            if moved is not None and moved["band"] is None:
+            plan = plan_of(claims, arm.study)
+            if moved is None:
+                entry.update(status="measured", **read(c, st, plan, domains, claims.margin))
+            elif moved["band"] is None:
                 lo, hi = moved["common"]
                 entry.update(status="unreadable", detail=f"no band of the study's width fits the pair's common reach {lo:.3f}-{hi:.3f}")
                 entry["test"] = None
             else:
-                band = None if moved is None else (float(moved["band"][0]), float(moved["band"][1]))
-                entry.update(status="measured", **read(c, st, plan_of(claims, arm.study), domains, claims.margin, band))
-                if moved is not None and band is not None:
-                    lo = moved["common"][0]
-                    entry["band"] = list(band)
-                    entry["detail"] = (
-                        f"read at {band[0]:.2f}-{band[1]:.2f}: the study's band is not inside the pair's common reach "
-                        f"(the lowest level every seed of both runs reaches is {lo:.3f}; docs/metrics.md, rule band)"
-                    )
+                band = (float(moved["band"][0]), float(moved["band"][1]))
+                entry.update(status="measured", **read(c, st, plan, domains, claims.margin, band))
+                entry["band"] = list(band)
+                entry["detail"] = (
+                    f"read at {band[0]:.2f}-{band[1]:.2f}: the study's band is not inside the pair's common reach "
+                    f"(the lowest level every seed of both runs reaches is {moved['common'][0]:.3f}; docs/metrics.md, rule band)"
+                )
         out.append(entry)
     return out
 
@@ -170,24 +171,14 @@ def specifications(row: dict, claim: Claim, study: Study, claims: ClaimsFile, do
                     "verdict": verdict_at(st, a_h, a_f),
                 }
             )
-    for a in row.get("arms") or []:
+    arms = [(f"rate arm {a['label'].split(':')[0]}", {"label": a["label"]}, a) for a in row.get("arms") or []]
+    controls: list[tuple[str, dict, dict]] = [(f"control: {a['label']}", {}, a) for a in row.get("controls") or []]
+    for spec, extra, a in arms + controls:
         at = a.get("test")
         specs.append(
             {
-                "spec": f"rate arm {a['label'].split(':')[0]}",
-                "label": a["label"],
-                "estimate": at["mean"] if at else None,
-                "ci95": at["ci95"] if at else None,
-                "n": at["n"] if at else 0,
-                "verdict": verdict_at(at, a_h, a_f) if at else ("n/a" if a["status"] == "unreadable" else "waiting"),
-                **({"band": a["band"]} if a.get("band") else {}),
-            }
-        )
-    for a in row.get("controls") or []:
-        at = a.get("test")
-        specs.append(
-            {
-                "spec": f"control: {a['label']}",
+                "spec": spec,
+                **extra,
                 "estimate": at["mean"] if at else None,
                 "ci95": at["ci95"] if at else None,
                 "n": at["n"] if at else 0,
