@@ -413,15 +413,15 @@ def step_rows(step: dict, prefix: str = "") -> list[str]:
 
 def step_level_rows(step: dict) -> list[str]:
     """A measured step's gap at both sizes at each other level (lowest common level, half of training)."""
+
+    def cell(x):
+        if not x or not x.get("test"):
+            return "-"
+        t = x["test"]
+        return f"{_n(t['mean'])} {_ci(t['ci95'])} at {x['band'][0]:.2f}-{x['band'][1]:.2f} ({t['n']} seeds)"
+
     out = []
     for lv in step.get("levels") or []:
-
-        def cell(x):
-            if not x or not x.get("test"):
-                return "-"
-            t = x["test"]
-            return f"{_n(t['mean'])} {_ci(t['ci95'])} at {x['band'][0]:.2f}-{x['band'][1]:.2f} ({t['n']} seeds)"
-
         d = lv["difference"]
         diff = f"{_n(d['mean'])} {_ci(d['ci95'])} (Welch p {_p(d['p'])})" if d else "-"
         out.append(f"| `{step['claim']}` | {lv['label']} | {cell(lv['base'])} | {cell(lv['step'])} | {diff} |")
