@@ -42,10 +42,17 @@ def test_every_cost_string_matches_a_measured_scaling_exponent(spec):
     """Forward + backward of one layer at T = 2048 and 8192 (d_model 192, one thread, CPU time): the slope of log
     time against log T within 0.4 of the cost string's. Measured (a loaded 2-core machine): quadratic mixers
     1.7-1.9 (projections and other linear work pull them under 2), linear ones 0.95-1.2, Approx 0.97 against
-    its predicted 1.21; a quadratic string on a linear form (or the reverse) is off by about 1."""
+    its predicted 1.21; a quadratic string on a linear form (or the reverse) is off by about 1.
+
+    The band is 0.4 below and 0.6 above: a form that materialises fp32 [B, H, T, T] tensors (forgetting
+    attention's decay bias and its mask: about 0.8 GB each at 8192) is memory-bound there and ran at 2.46 on
+    another 2-core machine, twice; still far from the 3 a cubic slip would give and from the 1 of a linear form."""
     from basecap.bench.mixers import train_exponent
 
+    def within(got: dict) -> bool:
+        return -0.4 <= got["exponent"] - got["predicted"] <= 0.6
+
     got = train_exponent(spec, (2048, 8192))
-    if abs(got["exponent"] - got["predicted"]) > 0.4:  # Based: 1.46 once beside two training jobs, 1.07-1.11 when measured again
+    if not within(got):  # Based: 1.46 once beside two training jobs, 1.07-1.11 when measured again
         got = train_exponent(spec, (2048, 8192), reps=4)
-    assert got["exponent"] == pytest.approx(got["predicted"], abs=0.4), (got["cost"], got["times"])
+    assert within(got), (got["exponent"], got["predicted"], got["cost"], got["times"])
