@@ -8,7 +8,8 @@ import torch
 
 from basecap.config_base import ConfigError
 from basecap.model import LM
-from basecap.plan import GPUS, MODEL_STATE_BYTES, RESERVE_GIB, activation_bytes_per_token, format_plan, plan_experiment
+from basecap.plan import GPUS, format_plan, plan_experiment
+from basecap.plan.gpu import MODEL_STATE_BYTES, RESERVE_GIB, activation_bytes_per_token
 
 GiB = 2**30
 
@@ -211,9 +212,9 @@ PUB_RATE = 5000.0  # the published run's median step rate
 
 def _store_peak(home: Path, flops: float = CPU_PEAK, threads: int = 1):
     """A stored peak for this CPU, so the plan measures nothing."""
-    from basecap.peak import _key, cpu_model
+    from basecap.peak import cpu_model, store_key
 
-    key = _key(torch.device("cpu"), torch.float32, threads, cpu_model())
+    key = store_key(torch.device("cpu"), torch.float32, threads, cpu_model())
     entry = {"flops": flops, "median": flops, "wall_flops": flops, "products": 10, "stable": True, "size": 2048, "measured_at": "2026-12-05T00:00:00+00:00"}
     home.mkdir(parents=True, exist_ok=True)
     (home / "peak.json").write_text(json.dumps({key: entry}))
@@ -274,7 +275,7 @@ def test_cpu_plan_takes_published_rates_and_counts_evaluations(tmp_path, tiny_re
 
 
 def test_cpu_plan_measures_when_nothing_is_published_and_stores_it(tmp_path, tiny_recipe_path, monkeypatch):
-    import basecap.plan_cpu as pc
+    import basecap.plan.cpu as pc
 
     path = _write(tmp_path, TINY.format(recipe=tiny_recipe_path))
     home = tmp_path / "home"
@@ -296,7 +297,7 @@ def test_cpu_plan_counts_the_built_corpus_windows(tmp_path, tiny_recipe_path, ti
     from basecap.data.loader import eval_windows
 
     from basecap.config import load_experiment
-    from basecap.plan_cpu import evaluation_tokens
+    from basecap.plan.cpu import evaluation_tokens
 
     path = _write(tmp_path, TINY.format(recipe=tiny_recipe_path))
     home = Path(os.environ["BASECAP_HOME"])  # where tiny_corpus is built

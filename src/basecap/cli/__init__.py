@@ -2,8 +2,8 @@
 basecap.eval, basecap.report, basecap.experiment).
 
 Each command is a handler ``_cmd_<name>`` and the function that adds its parser ``add_<name>``, in
-``cli_study`` (commands over an experiment or a study's runs) or ``cli_tools`` (a corpus, one run, the
-registries, this machine); ``build_parser`` lists them. Handlers import what they call, so parsing stays
+``study`` (commands over an experiment or a study's runs), ``tools`` (a corpus, one run, the
+registries, this machine) or ``compare`` (a new architecture's row, the leaderboard); ``build_parser`` lists them. Handlers import what they call, so parsing stays
 quick. Names a command accepts (suites, presets, benchmarks) come from their registries, never from a list
 typed here.
 """
@@ -13,9 +13,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .cli_compare import add_compare, add_leaderboard
-from .cli_study import add_archive, add_plan, add_principle, add_report, add_run, add_scorecard, add_train
-from .cli_tools import add_anneal, add_bench, add_data, add_eval, add_export, add_mixers, add_peak
+from .compare import add_compare, add_leaderboard
+from .study import add_archive, add_plan, add_principle, add_report, add_run, add_scorecard, add_train
+from .tools import add_anneal, add_bench, add_data, add_eval, add_export, add_mixers, add_peak
 
 
 EPILOG = """examples:

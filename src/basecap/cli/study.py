@@ -9,8 +9,8 @@ import argparse
 import os
 from pathlib import Path
 
-from .cli_parse import command
-from .config_base import ConfigError
+from .parse import command
+from ..config_base import ConfigError
 
 
 def experiment_args(sp) -> None:
@@ -29,8 +29,8 @@ def _cmd_train(args):
     for every sweep point of it). A tune experiment tunes first and trains the comparison at the chosen values.
     Finished runs are skipped; an interrupted run resumes from its last good checkpoint and continues with the
     same loss sequence."""
-    from .distributed import leave
-    from .experiment import train_experiment
+    from ..distributed import leave
+    from ..experiment import train_experiment
 
     main_rank = int(os.environ.get("RANK", "0")) == 0
     for rc, final in train_experiment(args.experiment, args.set, args.run, reuse=args.reuse):
@@ -59,7 +59,7 @@ def _cmd_run(args):
     """Build the corpus if needed, train every run (skipping finished ones, resuming interrupted ones),
     evaluate each on the test split, and write the report. With --run, only the runs named (no report), so
     that two processes can share a study."""
-    from .experiment import run_experiment
+    from ..experiment import run_experiment
 
     run_experiment(args.experiment, args.set, only=args.run, reuse=args.reuse)
 
@@ -87,7 +87,7 @@ def _cmd_plan(args):
     this CPU's stored peak; with them, memory per GPU and time for that many GPUs at an assumed MFU (docs/scaling.md)."""
     import sys
 
-    from .plan import format_plan, plan_experiment
+    from ..plan import format_plan, plan_experiment
 
     rows = plan_experiment(
         args.experiment,
@@ -144,14 +144,14 @@ def _cmd_report(args):
     its plots (one self-contained file) unless the report is published (--archive, or written again into the results
     folder that holds its runs' records: ``report.core.is_published``), where it refers to the PNGs beside it;
     --embed-images / --no-embed-images decide it explicitly."""
-    from .report import report
+    from ..report import report
 
     out = args.out or (Path(args.run_dirs[0]).parent / "report")
     if args.tuning is not None and not Path(args.tuning).is_file():
         raise ConfigError(f"--tuning {args.tuning}: no such file (a tune experiment writes <out_dir>/tuning.json)")
     design = None
     if args.compare is not None:
-        from .report.design import load_design
+        from ..report.design import load_design
 
         design = load_design(args.compare)
     path = report(
@@ -217,8 +217,8 @@ def _cmd_archive(args):
     A run that has not finished (no done.json) is refused, naming it, and nothing is copied. With --compact, the
     given folders are kept records already (results/<study>/runs/*, tuning_runs/*): they are rewritten in place in
     the kept form (compressed metrics, short done.json, compact JSON; the same values), and nothing is copied."""
-    from .report.core import archive_runs
-    from .rundir import RunDir
+    from ..report.core import archive_runs
+    from ..rundir import RunDir
 
     if (args.out is None) == (not args.compact):
         raise ConfigError("archive: give --out (copy the records there) or --compact (rewrite kept records in place), not both")
@@ -253,16 +253,16 @@ def _cmd_scorecard(args):
     records, with one Holm family over the claims file; write results/SCORECARD.md and results/scorecard.json
     (with --write-readme also the README's Results section and each study README's generated block). --check
     writes nothing and fails when a committed file differs from what would be written."""
-    from .scorecard import build_scorecard
-    from .scorecard.render import generated_files, stale_files
+    from ..scorecard import build_scorecard
+    from ..scorecard.render import generated_files, stale_files
 
     root = Path(args.root)
     card = build_scorecard(root, args.claims)
     if args.simulate:
         import json
 
-        from .rundir import atomic_write
-        from .scorecard.simulate import simulate
+        from ..atomic import atomic_write
+        from ..scorecard.simulate import simulate
 
         sim = simulate(card, args.simulate)
         atomic_write(root / "results" / "error_control.json", json.dumps(sim, indent=1) + "\n")
@@ -270,8 +270,9 @@ def _cmd_scorecard(args):
             print(f"{c['configuration']:45s} any false verdict {c['any_false']:.4f} (se {c['se']:.4f})")
         card = build_scorecard(root, args.claims)
     if args.figures:
-        from .scorecard.principle import FIGURE, plot_principle
-        from .scorecard.robust import plot_gap_along_training
+        from ..scorecard.principle import FIGURE
+        from ..scorecard.render_principle import plot_principle
+        from ..scorecard.robust import plot_gap_along_training
 
         n = plot_gap_along_training(card, root / "results" / "scorecard_gap_vs_level.png")
         print(f"drew the gap along training of {n} claims: results/scorecard_gap_vs_level.png")
@@ -288,7 +289,7 @@ def _cmd_scorecard(args):
             raise ConfigError("out of date (run `basecap scorecard --write-readme`): " + ", ".join(map(str, stale)))
         print(f"scorecard: {len(files)} files up to date")
         return
-    from .rundir import atomic_write
+    from ..atomic import atomic_write
 
     for p, t in files.items():
         atomic_write(p, t)
@@ -323,15 +324,15 @@ def _cmd_principle_mqar(args):
     and add them to results/principle/mqar.json: every point and MQAR seed, or those named with --point and --seed. A
     point and seed already in the file is skipped, so the command resumes, and several processes (one point each) can
     share the file."""
-    from .scorecard.claims import CLAIMS_FILE, load_claims
-    from .scorecard.mqar_points import measure
-    from .scorecard.principle import MQAR_FILE, PRINCIPLE_FILE, load_principle
+    from ..scorecard.claims import CLAIMS_FILE, load_claims
+    from ..scorecard.mqar_points import measure
+    from ..scorecard.principle import MQAR_FILE, PRINCIPLE_FILE, load_principle
 
     root = Path(args.root)
     claims = load_claims(root / CLAIMS_FILE, root)
     spec = load_principle(root / (args.principle or PRINCIPLE_FILE), claims, root)
     out = Path(args.out) if args.out else root / MQAR_FILE
-    new = measure(spec, claims, root, out, args.point or None, args.seed or None, args.threads)
+    new = measure(spec, claims, root, out, args.point or None, args.seed or None, threads=args.threads)
     print(f"{len(new)} new point-seed result(s) in {out}")
 
 

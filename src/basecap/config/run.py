@@ -11,9 +11,9 @@ from typing import Any, Union, get_args, get_origin
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 
-from .config_base import ConfigError, Strict, format_validation_error, run_name_problem, set_key
-from .config_sections import MAX_D_MODEL, MAX_LAYERS, MAX_SEQ_LEN, DataConfig, EvalConfig, TrainConfig
-from .model import ModelConfig
+from ..config_base import ConfigError, Strict, format_validation_error, run_name_problem, set_key
+from .sections import MAX_D_MODEL, MAX_LAYERS, MAX_SEQ_LEN, DataConfig, EvalConfig, TrainConfig
+from ..model import ModelConfig
 
 
 class RunConfig(Strict):
@@ -71,10 +71,10 @@ class RunConfig(Strict):
         return f"{self.name}-s{self.seed}"
 
 
-_SECTIONS = ("data", "model", "train", "eval")
+SECTIONS = ("data", "model", "train", "eval")
 
 
-def _validate_point(sections: dict, name: str, seed: int, values: dict[str, Any], prefix: str) -> RunConfig:
+def validate_point(sections: dict, name: str, seed: int, values: dict[str, Any], prefix: str) -> RunConfig:
     """One run at one sweep point; a swept key that matches no field of the run is named as such."""
     data = {"name": name, "seed": seed, **sections}
     for key, value in values.items():
@@ -125,8 +125,8 @@ def check_run_key(key: str, sweep: dict[str, Any] | None = None) -> None:
     """A --set key of a run's config (``train.steps``): it must name a field, and not a swept one (its values are
     in [sweep]). A mixer's knobs are checked against that mixer when each run is validated."""
     parts, node = key.split("."), RunConfig
-    if parts[0] not in _SECTIONS or len(parts) < 2:
-        raise ConfigError(f"--set {key}: not a run config key (a field of {', '.join(_SECTIONS)}, e.g. train.steps)")
+    if parts[0] not in SECTIONS or len(parts) < 2:
+        raise ConfigError(f"--set {key}: not a run config key (a field of {', '.join(SECTIONS)}, e.g. train.steps)")
     for i, part in enumerate(parts):
         if not (isinstance(node, type) and issubclass(node, Strict)):
             if node is Any or get_origin(node) is dict:

@@ -11,8 +11,8 @@ from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from .config_base import Strict
-from .tracking import normalize_loggers
+from ..config_base import Strict
+from ..tracking import normalize_loggers
 
 # upper bounds that catch a typo (an extra digit, a value in the wrong key) before any compute
 MAX_SEQ_LEN = 2**20

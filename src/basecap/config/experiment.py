@@ -4,7 +4,7 @@ An experiment file (TOML) holds a *base* run (``[data]``, ``[model]``, ``[train]
 ``[[runs]]`` that each override parts of the base, the seeds to repeat every run with, and optionally a
 ``[sweep]`` (config key -> values: every run is repeated at every combination) and a ``tune`` table
 (choose each run's value of some swept keys on tuning seeds, then compare at it; docs/experiments.md).
-``run_configs`` turns it into validated ``RunConfig`` objects (``config_run``; validation builds nothing);
+``run_configs`` turns it into validated ``RunConfig`` objects (``config.run``; validation builds nothing);
 ``resolve`` then applies the explicit resolve step (parameter matching) to each, giving the configs
 that are trained, planned and written to ``run.json``.
 """
@@ -18,7 +18,7 @@ from typing import Any
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 
-from .config_base import (
+from ..config_base import (
     ConfigError,
     apply_size_sweep,
     Strict,
@@ -34,43 +34,13 @@ from .config_base import (
     valid_name,
     value_label,
 )
-from .config_run import _SECTIONS, RunConfig, _validate_point, check_run_key, validate_run
-from .config_sections import (
-    MAX_BATCH,
-    MAX_D_MODEL,
-    MAX_LAYERS,
-    MAX_SEQ_LEN,
-    MAX_STEPS,
+from .run import SECTIONS, RunConfig, check_run_key, validate_point
+from .sections import (
     CompareConfig,
-    DataConfig,
-    EvalConfig,
-    TrainConfig,
 )
-from .matching import resolve as resolve_config
+from ..matching import resolve as resolve_config
 
-# the run's config (config_run, config_sections) and the key helpers of config_base are imported from here too
-__all__ = [
-    "MAX_BATCH",
-    "MAX_D_MODEL",
-    "MAX_LAYERS",
-    "MAX_SEQ_LEN",
-    "MAX_STEPS",
-    "CompareConfig",
-    "DataConfig",
-    "EvalConfig",
-    "ExperimentConfig",
-    "RunConfig",
-    "SpeedConfig",
-    "TrainConfig",
-    "TuneConfig",
-    "apply_overrides",
-    "check_run_key",
-    "key_labels",
-    "load_experiment",
-    "parse_override",
-    "validate_run",
-    "value_label",
-]
+__all__ = ["ExperimentConfig", "SpeedConfig", "TuneConfig", "apply_overrides", "load_experiment"]
 
 
 class SpeedConfig(Strict):
@@ -166,9 +136,9 @@ class ExperimentConfig(Strict):
             raise ValueError(f"size: {self.size!r} is not defined; allowed: {', '.join(self.sizes) or '(no [sizes.*] tables)'}")
         for sname, over in self.sizes.items():
             check_name(sname, f"sizes[{sname!r}]", "size names")
-            extra = set(over) - {*_SECTIONS, "runs", "sweep", "compare"}
+            extra = set(over) - {*SECTIONS, "runs", "sweep", "compare"}
             if extra:
-                raise ValueError(f"sizes.{sname}: unknown key(s) {sorted(extra)}; allowed: {', '.join(_SECTIONS)}, runs, sweep, compare")
+                raise ValueError(f"sizes.{sname}: unknown key(s) {sorted(extra)}; allowed: {', '.join(SECTIONS)}, runs, sweep, compare")
             if "compare" in over:
                 CompareConfig.model_validate(over["compare"])  # checked at every size, not only the chosen one
             unknown_runs = set(over.get("runs", {})) - set(names)
@@ -212,8 +182,8 @@ class ExperimentConfig(Strict):
 
     def _check_sweep(self):
         for key, values in self.sweep.items():
-            if key.split(".")[0] not in _SECTIONS or "." not in key:
-                raise ValueError(f"sweep: {key!r} is not a run's config key (a field of {', '.join(_SECTIONS)}, e.g. train.lr)")
+            if key.split(".")[0] not in SECTIONS or "." not in key:
+                raise ValueError(f"sweep: {key!r} is not a run's config key (a field of {', '.join(SECTIONS)}, e.g. train.lr)")
             if not isinstance(values, list) or not values:
                 raise ValueError(f"sweep.{key}: expected a non-empty list of values, got {values!r}")
             labels = [value_label(key, v) for v in values]
@@ -278,15 +248,15 @@ class ExperimentConfig(Strict):
     def _bases(self) -> list[tuple[str, str, dict]]:
         """(error prefix, name, sections) of every [[runs]] entry: the base sections < the entry < the size table
         (its per-run entries last) < ``overrides`` (--set)."""
-        base = {k: getattr(self, k) for k in _SECTIONS}
+        base = {k: getattr(self, k) for k in SECTIONS}
         size = self.sizes.get(self.size, {}) if self.size is not None else {}
         base = deep_merge(base, {k: v for k, v in size.items() if k not in ("runs", "sweep", "compare")})
         out = []
         for i, spec in enumerate(self.runs or [{"name": self.name}]):
-            extra = set(spec) - {"name", "seed_offset", *_SECTIONS}
+            extra = set(spec) - {"name", "seed_offset", *SECTIONS}
             if extra:
-                raise ConfigError(f"runs[{i}] ({spec['name']}): unknown key(s) {sorted(extra)}; allowed: name, seed_offset, {', '.join(_SECTIONS)}")
-            merged = deep_merge(base, {k: v for k, v in spec.items() if k in (*_SECTIONS, "seed_offset")})
+                raise ConfigError(f"runs[{i}] ({spec['name']}): unknown key(s) {sorted(extra)}; allowed: name, seed_offset, {', '.join(SECTIONS)}")
+            merged = deep_merge(base, {k: v for k, v in spec.items() if k in (*SECTIONS, "seed_offset")})
             merged = deep_merge(merged, size.get("runs", {}).get(spec["name"], {}))
             for key, value in self.overrides.items():  # --set: last, over the size table; a table given is replaced
                 merged = set_key(merged, key, value, what=f"--set {key}")
@@ -305,7 +275,7 @@ class ExperimentConfig(Strict):
         ]
         # seed-major: every architecture of seed 0 first, so an interrupted study already has complete pairs
         return [
-            _validate_point(sections, name, seed, {**point, **(chosen or {}).get(name, {})}, prefix)
+            validate_point(sections, name, seed, {**point, **(chosen or {}).get(name, {})}, prefix)
             for seed in seeds
             for prefix, name, sections, point in named
             if chosen is None or name in chosen
@@ -325,15 +295,15 @@ def _split_overrides(overrides: list[str]) -> tuple[list[str], dict[str, Any]]:
     top, runs = [], {}
     for item in overrides:
         path, value = parse_override(item)
-        if path[0] in _SECTIONS:
+        if path[0] in SECTIONS:
             runs[".".join(path)] = value
         elif path[0] in ExperimentConfig.model_fields and path[0] != "overrides":
             top.append(item)
         else:
-            allowed = [k for k in ExperimentConfig.model_fields if k not in (*_SECTIONS, "overrides")]
+            allowed = [k for k in ExperimentConfig.model_fields if k not in (*SECTIONS, "overrides")]
             raise ConfigError(
                 f"--set {'.'.join(path)}: unknown key; a run's keys start with "
-                f"{', '.join(s + '.' for s in _SECTIONS)}; the experiment's are {', '.join(allowed)}"
+                f"{', '.join(s + '.' for s in SECTIONS)}; the experiment's are {', '.join(allowed)}"
             )
     return top, runs
 

@@ -1,4 +1,4 @@
-"""Building blocks of the ``basecap`` command parsers (``cli_study``, ``cli_tools``): a command whose --help is its
+"""Building blocks of the ``basecap`` command parsers (``study``, ``tools``, ``compare``): a command whose --help is its
 handler's docstring, and a registry's names as choices read only when argparse needs them."""
 
 from __future__ import annotations

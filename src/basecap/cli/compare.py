@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .cli_parse import Names, command
+from .parse import Names, command
 
 COMPARE_EPILOG = """examples:
   basecap compare kda --study results/architectures_rate_arms
@@ -22,11 +22,11 @@ def _cmd_compare(args):
     study's published reference runs, and print its row: the gap against the reference at matched in-domain loss in
     each rate arm with its interval and verdict, MQAR, state size, speed at 2k and 16k tokens, cost. Interrupted, the
     same command resumes. A study whose records do not match its design or this machine's corpus is refused."""
-    from .compare import compare
+    from ..compare import CompareRequest, compare
 
-    compare(
-        args.mixer,
-        args.study,
+    request = CompareRequest(
+        mixer=args.mixer,
+        study=args.study,
         mixer_files=args.mixer_file,
         name=args.name,
         experiment=args.experiment,
@@ -41,6 +41,7 @@ def _cmd_compare(args):
         mqar_seeds=args.mqar_seed,
         speed_lengths=args.speed_lengths,
     )
+    compare(request)
 
 
 def add_compare(sub) -> None:
@@ -87,7 +88,7 @@ def _cmd_leaderboard(args):
     loss, the gap against Transformer++ on each held-out domain with its interval, both rate arms where they exist,
     the verdict, MQAR, state size, CPU tokens per second, cost), read from results/scorecard.json, the studies'
     records and every results/*/compare.json; run `basecap scorecard` first for the claims' current readings."""
-    from .leaderboard import write_leaderboard
+    from ..leaderboard import write_leaderboard
 
     path = write_leaderboard(args.root, args.sort)
     print(f"written: {path}")

@@ -10,8 +10,8 @@ import importlib
 import json
 from pathlib import Path
 
-from .cli_parse import Names, command
-from .config_base import ConfigError
+from .parse import Names, command
+from ..config_base import ConfigError
 
 
 BENCHES = {
@@ -30,10 +30,10 @@ def _cmd_data(args):
     tokenised. Cached in $BASECAP_HOME; a second build with the same inputs does nothing.
     verify: check a built corpus's token shards and tokenizer against the sizes and SHA-256 hashes its
     manifest records (a corpus folder, or a recipe's newest built corpus; nothing is built)."""
-    from .data import build_corpus, load_recipe, summarize
+    from ..data import build_corpus, load_recipe, summarize
 
     if args.action == "verify":
-        from .data.home import corpus_for_verify, verify_corpus
+        from ..data.home import corpus_for_verify, verify_corpus
 
         corpus = corpus_for_verify(args.recipe)
         problems = verify_corpus(corpus)
@@ -65,7 +65,7 @@ def _cmd_eval(args):
     if args.suite != "loss":
         _run_suite(args)
         return
-    from .eval.final import evaluate_run
+    from ..eval.final import evaluate_run
 
     res = evaluate_run(args.run_dir, split=args.split, max_tokens=args.max_tokens)
     print(f"{res['run_id']} ({res['checkpoint']}, {res['split']} split)")
@@ -77,8 +77,8 @@ def _cmd_eval(args):
 
 
 def _run_suite(args):
-    from .config import parse_override
-    from .eval.suites import run_suite
+    from ..config_base import parse_override
+    from ..eval.suites import run_suite
 
     opts = {}
     for item in args.opt:
@@ -121,7 +121,7 @@ def add_eval(sub) -> None:
 def _cmd_mixers(args):
     """List every registered sequence mixer: its config switches, parameter count at a size preset (MLP
     width matched to Transformer++), recurrent state bytes per sequence and asymptotic cost."""
-    from .catalog import describe, format_table
+    from ..catalog import describe, format_table
 
     rows = describe(args.preset, args.seq_len)
     if args.json:
@@ -147,7 +147,7 @@ def _cmd_export(args):
     """Write RUN_DIR's newest good checkpoint as a Hugging Face folder (config.json, safetensors, tokenizer
     files). It loads with AutoModelForCausalLM once basecap.hf is imported; generate() matches basecap's
     own decoding."""
-    from .hf import export_run
+    from ..hf import export_run
 
     path = export_run(args.run_dir, args.out_dir)
     print(f"exported: {path} (load with AutoModelForCausalLM.from_pretrained after `import basecap.hf`)")
@@ -165,7 +165,7 @@ def _cmd_peak(args):
     limit (cores x clock x fp32 lanes x FMA units x 2) where /proc/cpuinfo tells. --refresh measures again."""
     import torch
 
-    from .peak import nominal_cpu_limit, peak_flops, peak_path
+    from ..peak import nominal_cpu_limit, peak_flops, peak_path
 
     device = torch.device(args.device)
     for n in args.threads or [torch.get_num_threads()]:
@@ -187,8 +187,8 @@ def add_peak(sub) -> None:
 def _cmd_anneal(args):
     """Annealed points added to finished runs (``basecap.replay``): each replays the run to the fork and checks the
     replay against the run's records before it adds anything."""
-    from .config_base import ConfigError
-    from .replay import add_forks, add_level_forks
+    from ..config_base import ConfigError
+    from ..replay import add_forks, add_level_forks
 
     if not args.at and not args.level:
         raise ConfigError("basecap anneal: say where to fork, --at STEP or --level LOSS (either repeatable)")

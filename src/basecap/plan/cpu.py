@@ -31,9 +31,11 @@ from typing import Callable
 
 import torch
 
-from .atomic import write_json
-from .config import RunConfig
-from .config_base import ConfigError
+from ..atomic import write_json
+from ..config import RunConfig
+from ..config_base import ConfigError
+from ..peak import cpu_model, store_key
+from .sizes import run_sizes
 
 CALIBRATION_FILE = "plan_rates.json"
 CALIBRATION_WARMUP = 2
@@ -47,7 +49,7 @@ def run_threads(rc: RunConfig) -> int:
 
 def cpu_peak(threads: int, home=None, log=None) -> dict:
     """This CPU's stored fp32 peak at ``threads`` threads (``basecap peak``; measured and stored once if absent)."""
-    from .peak import peak_flops
+    from ..peak import peak_flops
 
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
@@ -61,8 +63,8 @@ def cpu_peak(threads: int, home=None, log=None) -> dict:
 # ---- evaluations --------------------------------------------------------------------------------------------
 def built_manifest(recipe: str, home=None) -> dict | None:
     """The manifest of ``recipe``'s corpus where one is built in the data home (the newest), else None."""
-    from .data import load_recipe
-    from .data.build import data_home
+    from ..data import load_recipe
+    from ..data.build import data_home
 
     try:
         name = load_recipe(recipe).name
@@ -105,7 +107,7 @@ def evaluation_tokens(rc: RunConfig, home=None) -> dict:
         final = sum(windows(d, "test") for d in domains) * T
         source = f"corpus {manifest.get('recipe_name', rc.data.recipe)} as built"
     else:
-        from .data import load_recipe
+        from ..data import load_recipe
 
         try:
             recipe_domains = load_recipe(rc.data.recipe).domains
@@ -206,7 +208,7 @@ def _from_published(pub: list[dict], shape: str, mixer: str, threads: int, train
 
 # ---- calibration ------------------------------------------------------------------------------------------
 def calibration_path(home=None) -> Path:
-    from .data.build import data_home
+    from ..data.build import data_home
 
     return data_home(home) / CALIBRATION_FILE
 
@@ -227,8 +229,8 @@ def measure_rate(rc: RunConfig, vocab: int, threads: int, warmup: int = CALIBRAT
     """Tokens/s of the run's own training step on this CPU: its model (eager, fp32), AdamW, gradient clipping, its
     batch (in ``grad_accum`` micro-batches) of random tokens at its ``seq_len``; the median of ``steps`` steps after
     ``warmup``."""
-    from .model import LM
-    from .train import make_optimizer
+    from ..model import LM
+    from ..train import make_optimizer
 
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
@@ -300,9 +302,7 @@ class CpuRates:
             if self.peak_flops is None:
                 self._peaks[threads] = cpu_peak(threads, self.home, self.log)
             else:
-                from .peak import _key, cpu_model
-
-                key = _key(torch.device("cpu"), torch.float32, threads, cpu_model())
+                key = store_key(torch.device("cpu"), torch.float32, threads, cpu_model())
                 self._peaks[threads] = {"flops": self.peak_flops, "key": key, "source": f"given: {self.peak_flops / 1e9:.1f} GFLOP/s"}
         return self._peaks[threads]
 
@@ -337,3 +337,37 @@ class CpuRates:
         path.parent.mkdir(parents=True, exist_ok=True)
         write_json(path, store)
         return _calibrated(entry)
+
+
+def plan_run_cpu(rc: RunConfig, rates: CpuRates, seeds: int = 1) -> dict:
+    """One run on this CPU: its training tokens at its measured or published training rate, plus its evaluations
+    (forward only: the rate x training / forward FLOPs per token), at its thread count (the module docstring: where the rate comes from)."""
+    _, row = run_sizes(rc)
+    threads = run_threads(rc)
+    peak = rates.peak(threads)
+    rate = rates.rate(rc, row["vocab_size"], row["train_flops_per_token"], threads)
+    ev = evaluation_tokens(rc, rates.home)
+    train_s = row["total_tokens"] / rate["tokens_per_s"]
+    eval_rate = rate["tokens_per_s"] * row["train_flops_per_token"] / row["fwd_flops_per_token"]
+    eval_s = ev["eval_tokens"] / eval_rate
+    issues = []
+    if rc.train.compile:
+        issues.append("train.compile: the compiler's warm-up (a minute to several, once per process) is not counted")
+    return {
+        **row,
+        "seeds": seeds,
+        "device": "cpu",
+        "cpu": cpu_model(),
+        "threads": threads,
+        "peak_flops": peak["flops"],
+        "peak_source": peak["source"],
+        "tokens_per_s": rate["tokens_per_s"],
+        "rate_kind": rate["kind"],
+        "rate_source": rate["source"],
+        **ev,
+        "eval_tokens_per_s": eval_rate,
+        "train_seconds": train_s,
+        "eval_seconds": eval_s,
+        "est_hours": (train_s + eval_s) / 3600,
+        "issues": issues,
+    }
