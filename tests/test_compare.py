@@ -7,7 +7,7 @@ import shutil
 
 import pytest
 
-from basecap.compare import compare, load_mixer_files
+from basecap.compare import CompareRequest, compare, load_mixer_files
 from basecap.compare.measure import curve_kv_pairs
 from basecap.compare.study import find_design, look_seeds, rate_label
 from basecap.config_base import ConfigError
@@ -119,17 +119,16 @@ def published(tmp_path_factory, tiny_recipe_path):
 
 
 def _compare(root, mixer_file=None, **kw):
-    return compare(
-        None,
-        root / "results" / "tinystudy",
+    request = CompareRequest(
+        study=root / "results" / "tinystudy",
         mixer_files=[mixer_file or root / "running_mean.py"],
         root=root,
         work=root / "runs" / "cmp",
         speed_lengths=[32],
         speed_reps=1,
-        log=lambda *_: None,
         **kw,
     )
+    return compare(request, log=lambda *_: None)
 
 
 def test_a_file_mixer_joins_a_published_study(published):

@@ -11,7 +11,7 @@ import pytest
 
 from basecap.checkpoint import list_checkpoints
 from basecap.config_base import ConfigError
-from basecap.config_sections import TrainConfig
+from basecap.config import TrainConfig
 from basecap.cooldown import level_forks, total_branch_steps
 from basecap.train import train
 from test_cooldown import quiet, records

@@ -61,7 +61,7 @@ def test_the_prompt_is_filled_as_the_suites_fill_theirs(tiny_corpus):
     depth = rng.random()
     parts = passkey_parts(rng)
     tail = r.encode(f" {parts[3]}\n") + [tiny_corpus.eot_id]
-    text, n, _ = fill_prompt(r.encode, *parts[:3], iter(NOISE * 1000), T + 1 - len(tail), depth)
+    text, n, _ = fill_prompt(r.encode, *parts[:3], iter(NOISE * 1000), T + 1 - len(tail), depth=depth)
     assert w[:n].tolist() == r.encode(text) and w[n : n + len(tail)].tolist() == tail
 
 

@@ -14,7 +14,7 @@ from basecap.mixers import mixer_class
 from basecap.mixers.attention import Attention, AttentionConfig
 from basecap.mixers.base import LINEAR, Mixer
 from basecap.model import LM, ModelConfig
-from basecap.plan import activation_bytes_per_token
+from basecap.plan.gpu import activation_bytes_per_token
 
 # the mixers of the published studies: their initialisation was chosen by module name before the declarations
 PUBLISHED = ["attention", "based", "deltanet", "gated_deltanet", "mamba1", "mamba2", "rwkv5", "rwkv6", "rwkv7", "top1_chunk", "top1_element"]

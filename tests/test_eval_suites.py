@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from basecap.data.synthetic import IGNORE, extraction_example, fill_prompt, gap_distribution, mqar, niah_parts, passkey_parts
-from basecap.eval.recall import answer_contained, normalize_answer, read_recall_jsonl, recall_prompt, train_mqar
+from basecap.eval.recall import (MqarTask, MqarTraining, answer_contained, normalize_answer, read_recall_jsonl,
+                                 recall_prompt, train_mqar)
 from basecap.eval.suites import Subject, greedy_generate, run_suite, suite_names
 from basecap.model import LM, ModelConfig
 
@@ -120,7 +121,7 @@ def test_needle_prompts_fit_the_length_and_place_the_needle(corpus):
         p1 = maker(random.Random(5))
         assert p1 == maker(random.Random(5))
         for depth in (0.0, 0.5, 1.0):
-            text, n, actual = fill_prompt(enc, p1[0], p1[1], p1[2], noise_sentences(), 600, depth)
+            text, n, actual = fill_prompt(enc, p1[0], p1[1], p1[2], noise_sentences(), 600, depth=depth)
             assert 550 <= n <= 600 and n == len(enc(text))
             assert p1[1] in text and text.endswith(p1[2]) and p1[3] in p1[1]
             body = text.split("\n")[1]
@@ -214,8 +215,9 @@ def test_suite_results(corpus, tmp_path):
 
 @pytest.mark.slow  # ~35 s on a busy 2-core machine
 def test_mqar_is_learnable_by_a_tiny_attention_model():
-    res = train_mqar({"name": "attention", "head_dim": 16}, d_model=64, n_layers=2, steps=600, batch_size=32, lr=1e-3,
-                     vocab_size=64, seq_len=16, train_kv_pairs=(2,), test_kv_pairs=(2,), num_test=256, log=None)
+    task = MqarTask(vocab_size=64, seq_len=16, train_kv_pairs=(2,), test_kv_pairs=(2,), num_test=256)
+    res = train_mqar({"name": "attention", "head_dim": 16}, task, MqarTraining(steps=600, batch_size=32, lr=1e-3),
+                     d_model=64, n_layers=2, log=None)
     assert res["acc"][2] > 0.9, res  # chance is 1/32; seeds 0, 1, 2 reach >= 0.98
     assert res["state_bytes"] > 0 and res["params"]["total"] > 0
 

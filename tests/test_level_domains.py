@@ -8,7 +8,7 @@ import pytest
 
 from basecap.config import validate_run
 from basecap.config_base import ConfigError
-from basecap.config_sections import TrainConfig
+from basecap.config import TrainConfig
 from basecap.cooldown import level_forks
 from basecap.replay import add_level_forks
 from basecap.rundir import matched_loss

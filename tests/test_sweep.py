@@ -6,7 +6,8 @@ import math
 
 import pytest
 
-from basecap.config import key_labels, load_experiment, value_label
+from basecap.config import load_experiment
+from basecap.config_base import key_labels, value_label
 from basecap.config_base import ConfigError
 from basecap.sweep import TUNING_FILE, check_trained_at_choice, choose, tune
 

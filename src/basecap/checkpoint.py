@@ -136,7 +136,7 @@ def _files(root: Path) -> list[Path]:
     return sorted(p for p in root.rglob("*") if p.is_file() and p.name != "meta.json")
 
 
-def save_checkpoint(ckpt_root: Path, step: int, model: torch.nn.Module, optimizer, extra: dict, keep: int = 2, env: DistEnv = DistEnv()) -> Path:
+def save_checkpoint(ckpt_root: Path, step: int, model: torch.nn.Module, optimizer, extra: dict, keep: int = 2, *, env: DistEnv = DistEnv()) -> Path:
     """Write ``step_N/`` atomically. Every rank calls it; rank 0 writes the files. A failure on rank 0
     (a full disk, a permission error) reaches every rank, which all raise CheckpointError with the same
     message; the previous checkpoints stay intact."""

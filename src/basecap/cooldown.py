@@ -18,10 +18,15 @@ removed once its point is recorded. With ``keep_cooldown_weights`` the branch's 
 from __future__ import annotations
 
 import shutil
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from .checkpoint import latest_good_checkpoint, list_checkpoints, restore, save_checkpoint
 from .rundir import matched_loss
+
+if TYPE_CHECKING:
+    from .config import RunConfig, TrainConfig
 
 
 def branch_root(run_path: Path, fork: int) -> Path:
@@ -37,7 +42,7 @@ def level_record(rec: dict, domains: list[str]) -> dict:
     return out
 
 
-def level_forks(train_cfg, records: list[dict]) -> dict[int, list[float]]:
+def level_forks(train_cfg: TrainConfig, records: list[dict]) -> dict[int, list[float]]:
     """The forks ``train.cooldown_levels`` places, from the run's records: fork step -> the levels it serves.
 
     Replayed in order of the main run's evaluations (so a resumed run decides as the uninterrupted one did): at an
@@ -79,12 +84,12 @@ def level_forks(train_cfg, records: list[dict]) -> dict[int, list[float]]:
     return out
 
 
-def forks_at(train_cfg, step: int, records: list[dict]) -> bool:
+def forks_at(train_cfg: TrainConfig, step: int, records: list[dict]) -> bool:
     """Whether the run forks a branch after ``step`` steps: a step of ``cooldowns``, or a level fork there."""
     return step in train_cfg.cooldowns or (bool(train_cfg.cooldown_levels) and step in level_forks(train_cfg, records))
 
 
-def pending_fork(cfg, start: int, records: list[dict]) -> int | None:
+def pending_fork(cfg: RunConfig, start: int, records: list[dict]) -> int | None:
     """The fork whose branch a run resuming at ``start`` still owes (its point not recorded yet), else None."""
     if not forks_at(cfg.train, start, records):
         return None
@@ -92,14 +97,21 @@ def pending_fork(cfg, start: int, records: list[dict]) -> int | None:
     return None if start in done else start
 
 
-def total_branch_steps(train_cfg) -> int:
+def total_branch_steps(train_cfg: TrainConfig) -> int:
     """Optimizer steps every branch of a run adds together (``basecap plan`` counts them); a level fork is counted
     at its longest (a fork at the last step), since where it lands is known only once the run trains."""
     most = train_cfg.cooldown_steps(train_cfg.steps - 1)
     return sum(train_cfg.cooldown_steps(s) for s in train_cfg.cooldowns) + most * len(train_cfg.cooldown_levels)
 
 
-def run_branch(run, fork: int, step_fn, evaluate_fn, lr_fn, log) -> dict:
+def run_branch(
+    run: Any,
+    fork: int,
+    step_fn: Callable[..., Any],
+    evaluate_fn: Callable[..., dict],
+    lr_fn: Callable[[int, int, float, float], float],
+    log: Callable[[str], Any],
+) -> dict:
     """Train, evaluate and record the branch forked after ``fork`` steps, then put the run back at ``fork``.
     ``step_fn(run, step, lr)`` is the trainer's optimizer step, ``evaluate_fn(run, step, kind, extra)`` its
     evaluation, ``lr_fn(k, length, start_lr, floor)`` the decay. Returns the recorded point."""

@@ -11,7 +11,8 @@ from pathlib import Path
 
 from .config import ExperimentConfig, RunConfig, load_experiment
 from .config_base import ConfigError
-from .rundir import RunDir, atomic_write, write_json
+from .atomic import atomic_write, write_json
+from .rundir import RunDir
 
 
 def run_dirs(exp: ExperimentConfig) -> dict[str, Path]:

@@ -108,6 +108,7 @@ def measure_until_stable(
     min_products: int = MIN_PRODUCTS,
     patience: int = PATIENCE,
     tol: float = STABLE_TOL,
+    *,
     max_s: float = MAX_S,
     timer: Callable | None = None,
 ) -> dict:
@@ -204,7 +205,8 @@ def peak_path(home: str | os.PathLike | None = None) -> Path:
     return data_home(home) / PEAK_FILE
 
 
-def _key(device: torch.device, dtype: torch.dtype, threads: int, machine: str) -> str:
+def store_key(device: torch.device, dtype: torch.dtype, threads: int, machine: str) -> str:
+    """The key of a stored peak: the machine (on a CPU, with its thread count) and the dtype."""
     where = f"{machine} ({device.type}, {threads} thread(s))" if device.type == "cpu" else machine
     return f"{where}, {str(dtype).removeprefix('torch.')}"
 
@@ -230,7 +232,7 @@ def peak_flops(device: torch.device, dtype: torch.dtype = torch.float32, refresh
         machine = name
     else:
         machine = cpu_model()
-    key = _key(device, dtype, threads, machine)
+    key = store_key(device, dtype, threads, machine)
     entry = None if refresh else read_store(home).get(key)
     if entry is None or "wall_flops" not in entry:  # none yet, or measured by wall time alone (before CPU-time rates)
         if log:

@@ -40,11 +40,13 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .atomic import atomic_write, fsync, write_json  # the run directory's writes
 
 if TYPE_CHECKING:
+    import torch
+
     from .distributed import DistEnv
 
 
@@ -84,12 +86,12 @@ def git_state() -> tuple[str | None, bool | None]:
     return commit, dirty
 
 
-def environment_info(device) -> dict:
+def environment_info(device: torch.device) -> dict:
     """Provenance recorded next to every result: git commit (and whether the tree was dirty), Python,
     platform, package versions and the torch device."""
     import torch
 
-    def version(pkg):
+    def version(pkg: str) -> str | None:
         try:
             return metadata.version(pkg)
         except metadata.PackageNotFoundError:
@@ -180,7 +182,7 @@ class RunDir:
         """The entry name of a suite result stored under ``suite_<name>/``, else None."""
         return result.parent.name[len("suite_") :] if result.parent.name.startswith("suite_") else None
 
-    def create(self):
+    def create(self) -> None:
         self.path.mkdir(parents=True, exist_ok=True)
 
     # ---- run.lock -----------------------------------------------------------------------------
@@ -227,15 +229,15 @@ class RunDir:
             raise FileNotFoundError(f"{self.path} is not a basecap run directory (no run.json)")
         return json.loads(self.info_path.read_text())
 
-    def write_info(self, info: dict):
+    def write_info(self, info: dict) -> None:
         write_json(self.info_path, info)
 
     # ---- metrics.jsonl ----------------------------------------------------------------------
-    def append_metrics(self, rec: dict):
+    def append_metrics(self, rec: dict) -> None:
         with open(self.metrics_path, "a") as f:
             f.write(json.dumps(rec) + "\n")
 
-    def sync_metrics(self):
+    def sync_metrics(self) -> None:
         """Flush metrics.jsonl to disk (before a checkpoint that claims to cover its records)."""
         if self.metrics_path.exists():
             fsync(self.metrics_path)
@@ -264,7 +266,7 @@ class RunDir:
     def read_metrics(self) -> list[dict]:
         return [rec for _, rec in self._metric_lines()]
 
-    def truncate_metrics(self, step: int):
+    def truncate_metrics(self, step: int) -> None:
         """Drop records after ``step`` (a resumed run rewrites them) and a torn last line. Archived records
         (metrics.jsonl.zst) become plain metrics.jsonl again, which training appends to."""
         if not self.has_metrics():
@@ -359,12 +361,12 @@ class RunDir:
             raise ValueError(f"{self.path}: its final evaluation (step {done['steps']}, done.json) is not in its metrics records")
         return rec
 
-    def write_done(self, steps: int, final: dict):
+    def write_done(self, steps: int, final: dict) -> None:
         """done.json: the step count and ``final``, the final evaluation record (already in metrics.jsonl), without its
         per-domain results."""
         write_json(self.done_path, {"steps": steps, "final": {k: v for k, v in final.items() if k != "domains"}})
 
-    def write_eval(self, result: dict):
+    def write_eval(self, result: dict) -> None:
         write_json(self.eval_path, result)
 
 
@@ -372,7 +374,7 @@ METRICS_ARCHIVE = "metrics.jsonl.zst"
 ZSTD_LEVEL = 19  # the records are written once and read many times; the level changes only the writer's time
 
 
-def compact_json(obj) -> str:
+def compact_json(obj: Any) -> str:
     """A kept JSON record: no indentation, no spaces after separators. ``json`` writes a float as its shortest
     round-trip form (``repr``) either way, so the record reads back to the same values as the indented one."""
     return json.dumps(obj, separators=(",", ":"))
@@ -407,4 +409,4 @@ def _take_lock(path: Path) -> tuple[int | None, str | None]:
     return fd, None
 
 
-__all__ = ["RunDir", "RunDirBusy", "atomic_write", "compact_json", "environment_info", "fsync", "suite_file", "write_json"]
+__all__ = ["RunDir", "RunDirBusy", "compact_json", "environment_info", "suite_file"]

@@ -86,6 +86,7 @@ def tune(
     train_fn: Callable[[RunConfig, Path], dict],
     only: list[str] | None = None,
     log=print,
+    *,
     write: bool = True,
 ) -> dict[str, dict[str, Any]]:
     """The tuning phase: comparison run name -> chosen values, for every run (or those in ``only``).

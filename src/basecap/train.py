@@ -142,10 +142,10 @@ def train(cfg: RunConfig, run_dir, corpus=None, log=print, stop_at: int | None =
     device, amp_dtype = resolve_device(cfg, int(os.environ.get("LOCAL_RANK", "0")))
     env = init_distributed(device.type, cfg.train.dist_timeout_s)
     with RunDir(run_dir).lock(env):  # one process (one torchrun job) per run directory, for the whole run
-        return _train(cfg, RunDir(run_dir), env, device, amp_dtype, corpus, log, stop_at)
+        return _train(cfg, RunDir(run_dir), env, device, amp_dtype, corpus, log=log, stop_at=stop_at)
 
 
-def _train(cfg: RunConfig, rd: RunDir, env: DistEnv, device, amp_dtype, corpus, log, stop_at: int | None = None) -> dict:
+def _train(cfg: RunConfig, rd: RunDir, env: DistEnv, device, amp_dtype, corpus, *, log, stop_at: int | None = None) -> dict:
     if env.active and cfg.train.batch_size % (env.world_size * cfg.train.grad_accum):
         raise ConfigError(
             f"train.batch_size={cfg.train.batch_size} must be divisible by world_size x grad_accum = {env.world_size} x {cfg.train.grad_accum}"
@@ -160,7 +160,7 @@ def _train(cfg: RunConfig, rd: RunDir, env: DistEnv, device, amp_dtype, corpus, 
         return final
 
     t0 = time.perf_counter()
-    run = _setup(cfg, rd, env, device, amp_dtype, corpus, log)
+    run = _setup(cfg, rd, env, device, amp_dtype, corpus, log=log)
     run.t0 = t0  # the session's wall clock counts its setup (corpus, model, restore) too
     final = None
     forks, levels = set(cfg.train.cooldowns), bool(cfg.train.cooldown_levels)
@@ -205,36 +205,16 @@ def _branch(run: _Run, fork: int) -> dict:
     )
 
 
-def _setup(cfg: RunConfig, rd: RunDir, env: DistEnv, device, amp_dtype, corpus, log) -> _Run:
+def _setup(cfg: RunConfig, rd: RunDir, env: DistEnv, device, amp_dtype, corpus, *, log) -> _Run:
     """Data, model, optimizer and the resume point; writes run.json."""
-    from .data import TrainBatches, build_corpus, load_recipe
+    from .data import build_corpus, load_recipe
     from .data.loader import check_domains
 
     corpus = corpus or build_corpus(load_recipe(cfg.data.recipe), log=log)
     check_domains({"train.cooldown_level_domains": cfg.train.cooldown_level_domains}, cfg.data.eval_domains or corpus.domains, source="evaluation")
     if env.is_main:
         rd.create()
-    # the batch of a step does not depend on grad_accum (a memory knob): micro-batches are slices of it
-    batches = TrainBatches(
-        corpus,
-        weights=cfg.data.train_weights,
-        seq_len=cfg.data.seq_len,
-        batch_size=cfg.train.batch_size // env.world_size,
-        seed=cfg.train_seed,
-        rank=env.rank,
-        world_size=env.world_size,
-        retrieval=cfg.data.retrieval,
-    )
-    evaluator = DomainEvaluator(
-        corpus,
-        cfg.data.eval_domains or corpus.domains,
-        cfg.eval.split,
-        cfg.data.seq_len,
-        cfg.eval.batch_size,
-        cfg.eval.max_tokens,
-        train_weights=cfg.data.train_weights,
-        seen_min_count=cfg.eval.seen_min_count,
-    )
+    batches, evaluator = _data(cfg, env, corpus)
     if cfg.train.threads and device.type == "cpu":
         torch.set_num_threads(cfg.train.threads)
     autocast = partial(torch.autocast, device_type=device.type, dtype=amp_dtype) if amp_dtype else None
@@ -245,27 +225,13 @@ def _setup(cfg: RunConfig, rd: RunDir, env: DistEnv, device, amp_dtype, corpus, 
     info = _run_info(cfg, core, corpus, env, device) | {"peak_flops": peak}
     model = wrap(core, cfg.train.parallel, env, device)
     opt = make_optimizer(model, cfg.train)
-    start = 0
-    ckpt = latest_good_checkpoint(rd.checkpoints, log=log)
-    if ckpt is not None:
-        start = restore(ckpt, model, opt)["step"]
-        log(f"[{cfg.run_id}] resuming from {ckpt.name} (step {start})")
+    start = _resume(cfg, rd, model, opt, log)
     wall = _kept_wall(rd, start)
     if env.is_main:
         rd.truncate_metrics(start)
         rd.write_info(info | {"wall": wall})
     kept = [r for r in rd.read_metrics() if r.get("step", 0) <= start]  # every rank: what truncation keeps
-    # the trackers fill what they lack up to the checkpoint from metrics.jsonl, and skip what they hold
-    tracker = open_loggers(
-        cfg.train.loggers,
-        rd.path,
-        project=rd.path.resolve().parent.name,
-        name=cfg.run_id,
-        group=cfg.name,
-        config=info,
-        history=kept if env.is_main else (),
-        enabled=env.is_main,
-    )
+    tracker = _open_tracker(cfg, rd, env, info, kept)
     if start == 0:
         counts = info["params"]
         log(
@@ -296,6 +262,59 @@ def _setup(cfg: RunConfig, rd: RunDir, env: DistEnv, device, amp_dtype, corpus, 
         run.bar = tqdm(total=cfg.train.steps, initial=start, desc=cfg.run_id, unit="step", mininterval=1.0, dynamic_ncols=True, file=sys.stderr)
     model.train()
     return run
+
+
+def _data(cfg: RunConfig, env: DistEnv, corpus) -> tuple[Any, DomainEvaluator]:
+    """This rank's training batches (``data.TrainBatches``) and the evaluator of the evaluation domains."""
+    from .data import TrainBatches
+
+    # the batch of a step does not depend on grad_accum (a memory knob): micro-batches are slices of it
+    batches = TrainBatches(
+        corpus,
+        weights=cfg.data.train_weights,
+        seq_len=cfg.data.seq_len,
+        batch_size=cfg.train.batch_size // env.world_size,
+        seed=cfg.train_seed,
+        rank=env.rank,
+        world_size=env.world_size,
+        retrieval=cfg.data.retrieval,
+    )
+    evaluator = DomainEvaluator(
+        corpus,
+        cfg.data.eval_domains or corpus.domains,
+        cfg.eval.split,
+        cfg.data.seq_len,
+        cfg.eval.batch_size,
+        cfg.eval.max_tokens,
+        train_weights=cfg.data.train_weights,
+        seen_min_count=cfg.eval.seen_min_count,
+    )
+    return batches, evaluator
+
+
+def _resume(cfg: RunConfig, rd: RunDir, model, opt, log) -> int:
+    """The step the run starts from: that of its last good checkpoint, restored into ``model`` and ``opt``, else 0."""
+    ckpt = latest_good_checkpoint(rd.checkpoints, log=log)
+    if ckpt is None:
+        return 0
+    start = restore(ckpt, model, opt)["step"]
+    log(f"[{cfg.run_id}] resuming from {ckpt.name} (step {start})")
+    return start
+
+
+def _open_tracker(cfg: RunConfig, rd: RunDir, env: DistEnv, info: dict, kept: list[dict]) -> Tracker:
+    """The run's loggers (rank 0 only) with run.json's ``info`` as their config."""
+    # the trackers fill what they lack up to the checkpoint from metrics.jsonl, and skip what they hold
+    return open_loggers(
+        cfg.train.loggers,
+        rd.path,
+        project=rd.path.resolve().parent.name,
+        name=cfg.run_id,
+        group=cfg.name,
+        config=info,
+        history=kept if env.is_main else (),
+        enabled=env.is_main,
+    )
 
 
 def _peak(cfg: RunConfig, device, amp_dtype) -> dict:

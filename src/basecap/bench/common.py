@@ -43,7 +43,8 @@ def peak_memory_cuda(step, device: torch.device) -> int:
     return torch.cuda.max_memory_allocated(device) - base
 
 
-def _rss_kb(field: str) -> int:
+def rss_kb(field: str) -> int:
+    """A field of this process's ``/proc/self/status`` in kB (``VmRSS``, ``VmHWM``, ``VmSize``)."""
     with open("/proc/self/status") as f:
         for line in f:
             if line.startswith(field + ":"):
@@ -55,7 +56,7 @@ def peak_rss_growth(step) -> dict:
     """Peak resident-set growth (bytes) during ``step()`` in this process: Linux's high-water mark,
     reset through ``/proc/self/clear_refs``; where that is refused, ``ru_maxrss`` (then only a lower
     bound if the process had been larger before)."""
-    base = _rss_kb("VmRSS")
+    base = rss_kb("VmRSS")
     try:
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")
@@ -63,7 +64,7 @@ def peak_rss_growth(step) -> dict:
     except OSError:
         how, before = "ru_maxrss", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     step()
-    peak = _rss_kb("VmHWM") if how == "VmHWM" else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    peak = rss_kb("VmHWM") if how == "VmHWM" else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return {"peak_bytes": (peak - base) * 1024, "method": how, "lower_bound": before is not None and before > base}
 
 

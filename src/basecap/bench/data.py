@@ -102,7 +102,16 @@ def bench_tokenize(texts: list[str], tokenizer_path: Path, workers: int, unit_by
         try:
             t = time.perf_counter()
             run_units(
-                units, lambda u: [texts[i] for i in u.docs], folder, tokenizer_path, EOT, eot_id, dtype, workers, progress=False, log=lambda m: None
+                units,
+                lambda u: [texts[i] for i in u.docs],
+                folder,
+                tokenizer_path,
+                EOT,
+                eot_id,
+                dtype=dtype,
+                workers=workers,
+                progress=False,
+                log=lambda m: None,
             )
             times.append(time.perf_counter() - t)
         finally:
@@ -169,11 +178,7 @@ def planned_step_time(experiment: str, gpus: int) -> dict:
     }
 
 
-def main(argv: list[str] | None = None):
-    from ..data import build_corpus, load_corpus
-    from ..data.tokenize import usable_cpus
-    from ..data.tokenizer import train_bpe
-
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="basecap bench data", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument(
         "--corpus",
@@ -192,7 +197,56 @@ def main(argv: list[str] | None = None):
     ap.add_argument("--gpus", type=int, default=8)
     ap.add_argument("--step-time", type=float, default=None, help="seconds per 110m step (skips the planner)")
     ap.add_argument("--out", default="bench_results/data")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def _text_sample(corpus, mb: float, tmp: Path) -> tuple[str, Path, list[str]]:
+    """(where the text comes from, the tokenizer, the texts): documents of the corpus with its own tokenizer, or
+    without a corpus Python's own text with a BPE trained on it (saved in ``tmp``)."""
+    from ..data.tokenizer import train_bpe
+
+    if corpus is not None:
+        return f"corpus {corpus.name}", Path(corpus.tokenizer_path), _sample_from_corpus(corpus, mb)
+    texts = _sample_from_python(mb)
+    tok_path = tmp / "tokenizer.json"
+    train_bpe(_first_bytes(texts, 4_000_000), 32768).save(str(tok_path))
+    return "Python standard library sources and reference topics", tok_path, texts
+
+
+def _tokenize_rows(texts: list[str], tok_path: Path, workers: int, unit_bytes: int, reps: int) -> list[dict]:
+    """``bench_tokenize`` with 1 worker and with ``workers``, each printed as it is measured."""
+    rows = []
+    for n in dict.fromkeys([1, workers]):
+        row = bench_tokenize(texts, tok_path, n, unit_bytes, reps)
+        rows.append(row)
+        print(f"  {n:>3} worker{'s' if n > 1 else ' '}  {row['mb_per_s']:8.2f} MB/s  ({row['mb_per_cpu_s']:.2f} MB per CPU second)", flush=True)
+    return rows
+
+
+def _loader_rows(corpus, plan: dict) -> list[dict]:
+    """``bench_loader`` at every shape of ``SHAPES``, the 110m one against the planned step times; each printed."""
+    rows = []
+    for shape, kw in SHAPES.items():
+        t = bench_loader(corpus, **kw)
+        row = {"shape": shape, **kw, "batch_s": t, "batches_per_s": 1 / t, "tokens_per_s": kw["batch_size"] * kw["seq_len"] / t}
+        if shape == "110m":
+            row["pct_of_step_reference"] = 100 * t / plan["reference_s"]
+            row["pct_of_step_fastest"] = 100 * t / plan["fastest_s"]
+        rows.append(row)
+        pct = f"  {row['pct_of_step_fastest']:.2f}% of the fastest 110m step" if shape == "110m" else ""
+        print(
+            f"  {shape:<5} {kw['batch_size']:>3} x {kw['seq_len']:<5} rank {kw['world_size'] - 1} of "
+            f"{kw['world_size']}  {t * 1e3:7.3f} ms/batch  {1 / t:8.0f} batches/s{pct}",
+            flush=True,
+        )
+    return rows
+
+
+def main(argv: list[str] | None = None):
+    from ..data import build_corpus, load_corpus
+    from ..data.tokenize import usable_cpus
+
+    args = _parser().parse_args(argv)
     import torch
 
     torch.set_num_threads(1)
@@ -205,21 +259,10 @@ def main(argv: list[str] | None = None):
         corpus = _default_corpus()
     tmp = Path(tempfile.mkdtemp(prefix="basecap-bench-data-"))
     try:
-        if corpus is not None:
-            text_source, tok_path = f"corpus {corpus.name}", corpus.tokenizer_path
-            texts = _sample_from_corpus(corpus, args.mb)
-        else:
-            text_source = "Python standard library sources and reference topics"
-            texts = _sample_from_python(args.mb)
-            tok_path = tmp / "tokenizer.json"
-            train_bpe(_first_bytes(texts, 4_000_000), 32768).save(str(tok_path))
+        text_source, tok_path, texts = _text_sample(corpus, args.mb, tmp)
         mb = sum(len(t.encode("utf-8")) for t in texts) / 1e6
         print(f"tokenisation: {mb:.1f} MB of text from {text_source}, units of {args.unit_bytes / 1e6:g} MB", flush=True)
-        tok_rows = []
-        for n in dict.fromkeys([1, workers]):
-            row = bench_tokenize(texts, Path(tok_path), n, args.unit_bytes, args.reps)
-            tok_rows.append(row)
-            print(f"  {n:>3} worker{'s' if n > 1 else ' '}  {row['mb_per_s']:8.2f} MB/s  ({row['mb_per_cpu_s']:.2f} MB per CPU second)", flush=True)
+        tok_rows = _tokenize_rows(texts, tok_path, workers, args.unit_bytes, args.reps)
 
         loader_corpus = corpus or _synthetic_corpus(tmp / "corpus", 32_000_000, 32768)
         if args.step_time is not None:
@@ -232,20 +275,7 @@ def main(argv: list[str] | None = None):
             f"{plan['fastest_s'] * 1e3:.1f} ms ({plan['fastest_run']})",
             flush=True,
         )
-        load_rows = []
-        for shape, kw in SHAPES.items():
-            t = bench_loader(loader_corpus, **kw)
-            row = {"shape": shape, **kw, "batch_s": t, "batches_per_s": 1 / t, "tokens_per_s": kw["batch_size"] * kw["seq_len"] / t}
-            if shape == "110m":
-                row["pct_of_step_reference"] = 100 * t / plan["reference_s"]
-                row["pct_of_step_fastest"] = 100 * t / plan["fastest_s"]
-            load_rows.append(row)
-            pct = f"  {row['pct_of_step_fastest']:.2f}% of the fastest 110m step" if shape == "110m" else ""
-            print(
-                f"  {shape:<5} {kw['batch_size']:>3} x {kw['seq_len']:<5} rank {kw['world_size'] - 1} of "
-                f"{kw['world_size']}  {t * 1e3:7.3f} ms/batch  {1 / t:8.0f} batches/s{pct}",
-                flush=True,
-            )
+        load_rows = _loader_rows(loader_corpus, plan)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     out = Path(args.out)

@@ -56,7 +56,7 @@ from typing import Any, Callable
 import torch
 
 from ..atomic import write_json
-from .common import _rss_kb, peak_rss_growth
+from .common import peak_rss_growth, rss_kb
 
 SCHEMA = "basecap.bench.longctx/1"
 VARIANTS = {
@@ -134,13 +134,13 @@ def _decode(model, T: int, o: dict) -> dict:
     out: dict[str, Any] = {}
 
     def run():
-        base = _rss_kb("VmRSS")
+        base = rss_kb("VmRSS")
         t = time.perf_counter()
         x, state = model.features(idx, model.init_state(1))
         nxt = model.head(x[:, -1:]).argmax(-1)  # the last position's logits only
         out["prefill_s"] = time.perf_counter() - t
         del x
-        out["held_rss_bytes"] = (_rss_kb("VmRSS") - base) * 1024
+        out["held_rss_bytes"] = (rss_kb("VmRSS") - base) * 1024
         times = []
         for i in range(o["decode_tokens"] + 2):
             t = time.perf_counter()
@@ -182,7 +182,7 @@ def _probe(spec_json: str) -> None:
     _model(spec["variant"], 1, spec["options"])  # every import before the limit: only the measurement may hit it
     extra = spec["options"]["mem_limit_gib"]
     if extra > 0:
-        limit = _rss_kb("VmSize") * 1024 + int(extra * 2**30)
+        limit = rss_kb("VmSize") * 1024 + int(extra * 2**30)
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     try:
         res = {"status": "ok", **measure(spec)}
@@ -401,7 +401,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None):
-    from .selection import _self_check
+    from .selection import self_check
 
     args = _parser().parse_args(argv)
     if args.probe:
@@ -413,7 +413,7 @@ def main(argv: list[str] | None = None):
         raise SystemExit(f"bench longctx: --reps and --decode-tokens must be >= 1, got {args.reps}, {args.decode_tokens}")
     o = {k: v for k, v in vars(args).items() if k not in ("probe", "out")}
     check = argparse.Namespace(heads=max(1, args.d_model // args.head_dim), head_dim=args.head_dim, chunk_len=args.chunk_len)
-    good = _self_check([VARIANTS[v] for v in args.variants], check, torch.device("cpu"))
+    good = self_check([VARIANTS[v] for v in args.variants], check, torch.device("cpu"))
     o["variants"] = [v for v in args.variants if good[VARIANTS[v]]]
     load0 = os.getloadavg()[0]
     if args.in_process:

@@ -108,7 +108,7 @@ def _peak_memory_cpu(variant, T, args) -> dict:
     return run_probe("basecap.bench.selection", spec, args.threads)
 
 
-def _self_check(variants, args, device) -> dict:
+def self_check(variants, args, device) -> dict:
     """Each variant's benchmarked impl against its dense reference at a short odd length."""
     from ..mixers import build_mixer, parse_mixer_config
 
@@ -348,7 +348,7 @@ def main(argv: list[str] | None = None):
     def save():  # after every row: an interrupted run keeps what it measured
         write_json(out / "selection.json", res)
 
-    ok = _self_check(args.variants, args, device)
+    ok = self_check(args.variants, args, device)
     variants = [v for v in args.variants if ok[v]]
     _run_layers(args, device, variants, ok, res, save)
     _run_models(args, device, variants, ok, res, save)

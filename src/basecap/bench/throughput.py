@@ -107,7 +107,7 @@ def _parser():
 
 
 def main(argv: list[str] | None = None):
-    from ..rundir import write_json
+    from ..atomic import write_json
 
     args = _parser().parse_args(argv)
     if args.probe:

@@ -129,23 +129,12 @@ def _parser() -> argparse.ArgumentParser:
     return ap
 
 
-def main(argv: list[str] | None = None):
+def _bench_config(args, domain: str):
+    """The run config both loops train: the benchmark's shape on one domain, no evaluation or checkpoint in the way."""
     from ..config import validate_run
-    from ..data import TrainBatches, build_corpus, load_recipe
     from ..matching import resolve
-    from ..model import build_model
-    from ..rundir import RunDir, write_json
-    from ..peak import matmul_peak_flops, peak_flops
-    from ..train import make_optimizer, mfu, train
 
-    args = _parser().parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-
-    corpus = build_corpus(load_recipe(args.recipe))
-    domain = corpus.domains[0]
-    steps = args.steps
-    cfg = resolve(
+    return resolve(
         validate_run(
             {
                 "name": "bench",
@@ -159,7 +148,7 @@ def main(argv: list[str] | None = None):
                     "head_impl": args.head_impl,
                 },
                 "train": {
-                    "steps": steps,
+                    "steps": args.steps,
                     "batch_size": args.batch,
                     "warmup_steps": 1,
                     "checkpoint_every": 10**9,
@@ -170,39 +159,53 @@ def main(argv: list[str] | None = None):
             }
         )
     )
-    tb = TrainBatches(corpus, weights={domain: 1.0}, seq_len=args.seq_len, batch_size=args.batch, seed=0)
-    batches = [tb.batch(s) for s in range(steps)]
+
+
+def _measure_windows(args, cfg, corpus, batches) -> dict:
+    """``args.windows`` alternating windows, each: the quick peak probes (wall and CPU time), the trainer, with
+    ``--compile`` eager against compiled, then the plain loop. Per-step figures after each window's first two
+    steps, the probes' peaks, the compile windows, and the model's training FLOPs per token."""
+    from ..model import build_model
+    from ..peak import matmul_peak_flops
+    from ..rundir import RunDir
+    from ..train import make_optimizer, train
+
     tok = args.batch * args.seq_len
-    trainer_tps, plain_tps, plain_cpu_tps, peaks, cpu_peaks, trainer_mfu = [], [], [], [], [], []
-    compiled = []
+    m: dict[str, list] = {k: [] for k in ("trainer_tps", "plain_tps", "plain_cpu_tps", "peaks", "cpu_peaks", "trainer_mfu", "compiled")}
     cpu = torch.device("cpu")
-    stored = peak_flops(cpu, torch.float32, log=print)
     for _ in range(args.windows):
-        peaks.append(matmul_peak_flops(cpu, size=args.peak_size, reps=3, cached=False))
-        cpu_peaks.append(matmul_peak_flops(cpu, size=args.peak_size, reps=3, cached=False, clock=time.process_time))
+        m["peaks"].append(matmul_peak_flops(cpu, size=args.peak_size, reps=3, cached=False))
+        m["cpu_peaks"].append(matmul_peak_flops(cpu, size=args.peak_size, reps=3, cached=False, clock=time.process_time))
         recs = _trainer_steps(train, cfg, corpus, RunDir)
-        trainer_tps += [r["tokens_per_s"] for r in recs[2:]]  # skip warm-up steps
-        trainer_mfu += [r["mfu"] if "mfu" in r else r["mfu_above_peak"] for r in recs[2:]]
+        m["trainer_tps"] += [r["tokens_per_s"] for r in recs[2:]]  # skip warm-up steps
+        m["trainer_mfu"] += [r["mfu"] if "mfu" in r else r["mfu_above_peak"] for r in recs[2:]]
         if args.compile:
-            compiled.append(_compiled_vs_eager(cfg, corpus.vocab_size, batches))
+            m["compiled"].append(_compiled_vs_eager(cfg, corpus.vocab_size, batches))
         torch.manual_seed(0)
         model = build_model(cfg.model, corpus.vocab_size)
         opt = make_optimizer(model, cfg.train)
         times = _plain_steps(model, opt, batches, cfg.train.grad_clip)[2:]
-        plain_tps += [tok / t for t, _ in times]
-        plain_cpu_tps += [tok / c for _, c in times]
-    fpt = 3 * model.flops_per_token(args.seq_len)
-    tr, pl, peak = statistics.median(trainer_tps), statistics.median(plain_tps), stored["per_device"]
+        m["plain_tps"] += [tok / t for t, _ in times]
+        m["plain_cpu_tps"] += [tok / c for _, c in times]
+    return {**m, "fpt": 3 * model.flops_per_token(args.seq_len)}
+
+
+def _summary(args, vocab_size: int, m: dict, stored: dict) -> dict:
+    """train.json's record: the shape, the two loops' median tokens/s, the overhead and the MFUs."""
+    from ..train import mfu
+
+    fpt = m["fpt"]
+    tr, pl, peak = statistics.median(m["trainer_tps"]), statistics.median(m["plain_tps"]), stored["per_device"]
     threads = torch.get_num_threads()
-    cpu_mfu = mfu(statistics.median(plain_cpu_tps), fpt, max(cpu_peaks))
+    cpu_mfu = mfu(statistics.median(m["plain_cpu_tps"]), fpt, max(m["cpu_peaks"]))
     overhead = pl / tr - 1
-    res = {
+    return {
         "mixer": args.mixer,
         "d_model": args.d_model,
         "layers": args.layers,
         "seq_len": args.seq_len,
         "batch": args.batch,
-        "vocab_size": corpus.vocab_size,
+        "vocab_size": vocab_size,
         "head_impl": args.head_impl,
         "threads": threads,
         "trainer_tokens_per_s": tr,
@@ -213,47 +216,79 @@ def main(argv: list[str] | None = None):
         "train_flops_per_token": fpt,
         "peak_flops": peak,
         "peak": stored["source"],
-        "probe_flops_windows": peaks,
+        "probe_flops_windows": m["peaks"],
         "probe": f"fp32 {args.peak_size}^3 matmul, fastest of 3",
-        "peak_flops_per_cpu_s": max(cpu_peaks),
+        "peak_flops_per_cpu_s": max(m["cpu_peaks"]),
         "trainer_flops_per_s": tr * fpt,
         "trainer_mfu": mfu(tr, fpt, peak),
         "plain_mfu": mfu(pl, fpt, peak),
         "plain_cpu_mfu": cpu_mfu,
         "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
-        "trainer_logged_mfu": statistics.median(trainer_mfu),
+        "trainer_logged_mfu": statistics.median(m["trainer_mfu"]),
         "mfu_target": 0.5,
         "load_average": os.getloadavg(),
     }
+
+
+def _print_summary(res: dict) -> None:
+    """The two loops' table, the plain loop per CPU-second, the peak and the verdicts on overhead and MFU."""
+    from ..train import mfu
+
+    tr, pl, fpt, peak = res["trainer_tokens_per_s"], res["plain_tokens_per_s"], res["train_flops_per_token"], res["peak_flops"]
     print(f"{'loop':<10}{'tokens/s (median)':>20}{'GFLOP/s':>10}{'MFU':>8}")
     for name, tps in (("trainer", tr), ("plain", pl)):
         print(f"{name:<10}{tps:>20.0f}{tps * fpt / 1e9:>10.1f}{100 * mfu(tps, fpt, peak):>7.1f}%")
     print(
-        f"plain loop per CPU-second: MFU {100 * cpu_mfu:.1f}% (model FLOPs per CPU-second over the matmul's, "
-        f"{max(cpu_peaks) / 1e9:.1f} GFLOP per CPU-second)"
+        f"plain loop per CPU-second: MFU {100 * res['plain_cpu_mfu']:.1f}% (model FLOPs per CPU-second over the matmul's, "
+        f"{res['peak_flops_per_cpu_s'] / 1e9:.1f} GFLOP per CPU-second)"
     )
     print(
         f"peak: {peak / 1e9:.1f} GFLOP/s ({res['peak']}); this run's quick probe ({res['probe']}): "
-        f"{max(peaks) / 1e9:.1f} GFLOP/s; training FLOPs/token {fpt / 1e6:.2f}M (3 x forward); load average {res['load_average'][0]:.2f}"
+        f"{max(res['probe_flops_windows']) / 1e9:.1f} GFLOP/s; training FLOPs/token {fpt / 1e6:.2f}M (3 x forward); "
+        f"load average {res['load_average'][0]:.2f}"
     )
     print(
-        f"trainer overhead: {100 * overhead:+.1f}% (target <= 5%: {'met' if res['met'] else 'MISSED'}); "
+        f"trainer overhead: {res['overhead_pct']:+.1f}% (target <= 5%: {'met' if res['met'] else 'MISSED'}); "
         f"trainer MFU {100 * res['trainer_mfu']:.1f}% (target >= 50%: {'met' if res['trainer_mfu'] >= 0.5 else 'MISSED'}; "
         f"{100 * res['trainer_logged_mfu']:.1f}% as the trainer logged it)"
     )
+
+
+def _print_compile(c: dict) -> None:
+    """Eager against compiled: tokens/s, tokens per CPU-second, the warm-up and how close the losses stay."""
+    print(
+        f"train.compile (the same weights and batches, eager and compiled steps in turn; medians after 2 steps):\n"
+        f"  tokens/s      eager {c['eager_tokens_per_s']:.0f}, compiled {c['compiled_tokens_per_s']:.0f} "
+        f"({c['speedup']:.2f}x; MFU {100 * c['eager_mfu']:.1f}% -> {100 * c['compiled_mfu']:.1f}%)\n"
+        f"  tokens/CPU-s  eager {c['eager_tokens_per_cpu_s']:.0f}, compiled {c['compiled_tokens_per_cpu_s']:.0f} "
+        f"({c['speedup_cpu']:.2f}x)\n"
+        f"  warm-up (first 2 compiled steps beyond the median step): {', '.join(f'{w:.1f}' for w in c['warmup_s'])} s "
+        f"wall, {', '.join(f'{w:.1f}' for w in c['warmup_cpu_s'])} CPU-s; per-step losses within "
+        f"{c['loss_max_rel_err']:.1e} of eager's (relative)"
+    )
+
+
+def main(argv: list[str] | None = None):
+    from ..data import TrainBatches, build_corpus, load_recipe
+    from ..peak import peak_flops
+    from ..atomic import write_json
+
+    args = _parser().parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+
+    corpus = build_corpus(load_recipe(args.recipe))
+    domain = corpus.domains[0]
+    cfg = _bench_config(args, domain)
+    tb = TrainBatches(corpus, weights={domain: 1.0}, seq_len=args.seq_len, batch_size=args.batch, seed=0)
+    batches = [tb.batch(s) for s in range(args.steps)]
+    stored = peak_flops(torch.device("cpu"), torch.float32, log=print)
+    m = _measure_windows(args, cfg, corpus, batches)
+    res = _summary(args, corpus.vocab_size, m, stored)
+    _print_summary(res)
     if args.compile:
-        res["compile"] = _compile_summary(compiled, tok, fpt, peak)
-        c = res["compile"]
-        print(
-            f"train.compile (the same weights and batches, eager and compiled steps in turn; medians after 2 steps):\n"
-            f"  tokens/s      eager {c['eager_tokens_per_s']:.0f}, compiled {c['compiled_tokens_per_s']:.0f} "
-            f"({c['speedup']:.2f}x; MFU {100 * c['eager_mfu']:.1f}% -> {100 * c['compiled_mfu']:.1f}%)\n"
-            f"  tokens/CPU-s  eager {c['eager_tokens_per_cpu_s']:.0f}, compiled {c['compiled_tokens_per_cpu_s']:.0f} "
-            f"({c['speedup_cpu']:.2f}x)\n"
-            f"  warm-up (first 2 compiled steps beyond the median step): {', '.join(f'{w:.1f}' for w in c['warmup_s'])} s "
-            f"wall, {', '.join(f'{w:.1f}' for w in c['warmup_cpu_s'])} CPU-s; per-step losses within "
-            f"{c['loss_max_rel_err']:.1e} of eager's (relative)"
-        )
+        res["compile"] = _compile_summary(m["compiled"], args.batch * args.seq_len, m["fpt"], res["peak_flops"])
+        _print_compile(res["compile"])
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / "train.json", res)

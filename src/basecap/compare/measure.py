@@ -58,7 +58,7 @@ def _stored(path: Path, key: dict) -> dict | None:
 
 def mqar(model: ModelConfig, proto: dict, out: Path, log=print) -> dict:
     """MQAR accuracy at the protocol's scored pair count, per seed and its mean (kept in ``out``)."""
-    from ..eval.recall import train_mqar
+    from ..eval.recall import MqarTask, MqarTraining, train_mqar
 
     mixer, mlp = model.mixer.model_dump(), model.mlp.model_dump()
     key = {"protocol": proto, "mixer": mixer, "mlp": mlp}
@@ -69,13 +69,12 @@ def mqar(model: ModelConfig, proto: dict, out: Path, log=print) -> dict:
         for seed in proto["seeds"]:
             res = train_mqar(
                 mixer,
-                proto["d_model"],
-                proto["n_layers"],
-                proto["steps"],
-                lr=proto["lr"],
-                seq_len=proto["seq_len"],
-                train_kv_pairs=tuple(proto["train_kv_pairs"]),
-                test_kv_pairs=curve_kv_pairs(proto["score_kv_pairs"]),
+                MqarTask(
+                    seq_len=proto["seq_len"], train_kv_pairs=tuple(proto["train_kv_pairs"]), test_kv_pairs=curve_kv_pairs(proto["score_kv_pairs"])
+                ),
+                MqarTraining(steps=proto["steps"], lr=proto["lr"]),
+                d_model=proto["d_model"],
+                n_layers=proto["n_layers"],
                 seed=seed,
                 mlp=mlp,
                 log=log,

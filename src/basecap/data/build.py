@@ -154,7 +154,7 @@ def build_corpus(
             shutil.rmtree(tmp)
         tmp.mkdir(exist_ok=True)
         try:
-            _build_into(tmp, recipe, prepared, key, log, workers, progress)
+            _build_into(tmp, recipe, prepared, key, log, workers, progress=progress)
         except BaseException:
             work = tmp / "work"
             if not ((work / COLLECTED).is_file() or (work / "tokenizer.json").is_file() or any(work.rglob("*.npz"))):
@@ -188,7 +188,7 @@ def _assign_splits(u: np.ndarray, ntok: np.ndarray, recipe: RecipeConfig) -> np.
 
 
 def _build_into(
-    out: Path, recipe: RecipeConfig, prepared: list[PreparedSource], key: str, log, workers: int = 1, progress: bool | None = None
+    out: Path, recipe: RecipeConfig, prepared: list[PreparedSource], key: str, log, workers: int = 1, *, progress: bool | None = None
 ) -> None:
     """Collect, train or copy the tokenizer, tokenise, write the shards, then the manifest (last)."""
     work = out / "work"
@@ -215,11 +215,20 @@ def _build_into(
 
     t0 = time.perf_counter()
     run_units(
-        [u for us in units.values() for u in us], texts, work / "units", out / "tokenizer.json", eot_token, eot_id, dtype, workers, progress, log
+        [u for us in units.values() for u in us],
+        texts,
+        work / "units",
+        out / "tokenizer.json",
+        eot_token,
+        eot_id,
+        dtype=dtype,
+        workers=workers,
+        progress=progress,
+        log=log,
     )
     log(f"  tokenised in {time.perf_counter() - t0:.1f} s")
 
-    domains_info = _write_domains(out, selected, dup, keys, units, work / "units", recipe, log)
+    domains_info = _write_domains(out, selected, dup, keys, units, work / "units", recipe=recipe, log=log)
     manifest = {
         "format": MANIFEST_FORMAT,
         "pipeline_version": PIPELINE_VERSION,
@@ -266,7 +275,7 @@ def _drop_empty_domains(selected: dict, recipe: RecipeConfig, prepared: list[Pre
     return skipped
 
 
-def _write_domains(out: Path, selected: dict, dup: Counter, keys: dict, units: dict, folder: Path, recipe: RecipeConfig, log) -> dict:
+def _write_domains(out: Path, selected: dict, dup: Counter, keys: dict, units: dict, folder: Path, *, recipe: RecipeConfig, log) -> dict:
     """Every domain's shards and rows of ``documents.tsv``; returns the manifest's ``domains`` entry."""
     (out / "tokens").mkdir(exist_ok=True)
     domains_info = {}
@@ -279,7 +288,7 @@ def _write_domains(out: Path, selected: dict, dup: Counter, keys: dict, units: d
                 "duplicates_removed": dup[d],
                 "splits": {},
             }
-            info["splits"] = _write_shards(out, d, items, keys[d], units[d], folder, recipe, log, tsv)
+            info["splits"] = _write_shards(out, d, items, keys[d], units[d], folder, recipe=recipe, log=log, tsv=tsv)
             info["documents"] = len(items)
             info["bytes"] = sum(n for _, n, _ in items)
             info["tokens"] = sum(s["tokens"] for s in info["splits"].values())
@@ -370,7 +379,7 @@ def _tokenizer(out: Path, work: Path, recipe: RecipeConfig, selected: dict, spoo
     return info, eot_token
 
 
-def _write_shards(out: Path, d: str, items: list, keys: np.ndarray, units: list, folder: Path, recipe: RecipeConfig, log, tsv) -> dict:
+def _write_shards(out: Path, d: str, items: list, keys: np.ndarray, units: list, folder: Path, *, recipe: RecipeConfig, log, tsv) -> dict:
     """The domain's three shards from its units (documents in split-key order within each split).
 
     Its rows of ``documents.tsv`` go straight to ``tsv``, not into a list as long as the domain.

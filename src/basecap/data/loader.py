@@ -42,6 +42,7 @@ class TrainBatches:
         batch_size: int,
         seed: int = 0,
         rank: int = 0,
+        *,
         world_size: int = 1,
         split: str = "train",
         retrieval=None,

@@ -90,7 +90,7 @@ class RetrievalSequences:
         sentences = noise_sentences() if task == "passkey" else corpus_sentences(self.corpus, self.domain, "train", rng.randrange(2**31))
         tail = self.encode(f" {answer}\n") + [self.corpus.eot_id]
         try:
-            text, _, _ = fill_prompt(self.encode, prefix, needle, question, sentences, self.seq_len + 1 - len(tail), depth)
+            text, _, _ = fill_prompt(self.encode, prefix, needle, question, sentences, self.seq_len + 1 - len(tail), depth=depth)
         except ValueError as e:
             raise ConfigError(f"data.retrieval: seq_len {self.seq_len} cannot hold a {task} prompt: {e}") from None
         ids = self.encode(text) + tail

@@ -178,6 +178,7 @@ def run_units(
     tokenizer_path: Path,
     eot_token: str,
     eot_id: int,
+    *,
     dtype,
     workers: int,
     progress: bool | None = None,

@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from ..checkpoint import latest_good_checkpoint, load_weights
 from ..config import RunConfig
 from ..model import build_model
 from ..rundir import RunDir
 from .ood import DomainEvaluator, in_domain_loss
+
+if TYPE_CHECKING:
+    from ..data.corpus import Corpus
+    from ..model import LM
 
 
 def read_run(run_dir: str | Path) -> tuple[dict, RunConfig]:
@@ -17,7 +23,7 @@ def read_run(run_dir: str | Path) -> tuple[dict, RunConfig]:
     return info, RunConfig.model_validate(info["config"])
 
 
-def load_trained(run_dir: str | Path, corpus=None, log=print):
+def load_trained(run_dir: str | Path, corpus: Corpus | None = None, log: Callable[..., Any] = print) -> tuple[LM, RunConfig, Corpus, Path]:
     """(model, RunConfig, corpus, checkpoint) from a run directory's newest good checkpoint. The config
     in run.json is the resolved one, so the model is built from it as it stands. Without ``corpus``, the
     one run.json records is opened from the data home; nothing is built or fetched (docs/security.md)."""
@@ -35,7 +41,9 @@ def load_trained(run_dir: str | Path, corpus=None, log=print):
     return model, cfg, corpus, ckpt
 
 
-def evaluate_run(run_dir: str | Path, corpus=None, split: str = "test", max_tokens: int | None = None, log=print) -> dict:
+def evaluate_run(
+    run_dir: str | Path, corpus: Corpus | None = None, split: str = "test", max_tokens: int | None = None, log: Callable[..., Any] = print
+) -> dict:
     model, cfg, corpus, ckpt = load_trained(run_dir, corpus, log)
     domains = cfg.data.eval_domains or corpus.domains
     ev = DomainEvaluator(
@@ -49,7 +57,7 @@ def evaluate_run(run_dir: str | Path, corpus=None, split: str = "test", max_toke
         seen_min_count=cfg.eval.seen_min_count,
     )
     res = ev.evaluate(model)
-    out = {
+    out: dict[str, Any] = {
         "run_id": cfg.run_id,
         "checkpoint": ckpt.name,
         "split": split,

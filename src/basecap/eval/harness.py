@@ -30,6 +30,7 @@ import shutil
 import string
 import sys
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -66,8 +67,8 @@ class BasecapLM(TemplateLM):
         max_length: int | None = None,
         max_gen_toks: int = 256,
         device: str | None = None,
-        **_ignored,
-    ):
+        **_ignored: Any,
+    ) -> None:
         super().__init__()
         if subject is None:
             if path is None:
@@ -97,10 +98,10 @@ class BasecapLM(TemplateLM):
     def tokenizer_name(self) -> str:
         return f"basecap-{self.subject.name}"
 
-    def tok_encode(self, string: str, add_special_tokens: bool | None = None, **kwargs) -> list[int]:
+    def tok_encode(self, string: str, add_special_tokens: bool | None = None, **kwargs: Any) -> list[int]:
         return self.subject.encode(string)
 
-    def tok_decode(self, tokens) -> str:
+    def tok_decode(self, tokens: list[int]) -> str:
         return self.subject.decode(tokens)
 
     # ---- scoring ------------------------------------------------------------------------
@@ -135,14 +136,14 @@ class BasecapLM(TemplateLM):
                 out[i] = (float(lp.gather(-1, tgt[:, None]).sum()), bool((lp.argmax(-1) == tgt).all()))
         return out  # type: ignore[return-value]
 
-    def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, **kwargs) -> list[tuple[float, bool]]:
+    def _loglikelihood_tokens(self, requests: list[Any], disable_tqdm: bool = False, **kwargs: Any) -> list[tuple[float, bool]]:
         res = self._score([(ctx, cont) for _, ctx, cont in requests])
         for (key, _, _), r in zip(requests, res):
             if key is not None:
                 self.cache_hook.add_partial("loglikelihood", key, r)
         return res
 
-    def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
+    def loglikelihood_rolling(self, requests: list[Any], disable_tqdm: bool = False) -> list[float]:
         from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
         pairs, owner = [], []
@@ -161,7 +162,7 @@ class BasecapLM(TemplateLM):
             self.cache_hook.add_partial("loglikelihood_rolling", req.args, t)
         return totals
 
-    def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
+    def generate_until(self, requests: list[Any], disable_tqdm: bool = False) -> list[str]:
         groups: dict[tuple, list[int]] = {}
         prompts = []
         for k, req in enumerate(requests):
@@ -261,7 +262,8 @@ def write_corpus_tasks(
         _write_if_changed(dest / f"ppl_{d}.jsonl", lines)
         task = _task_template("basecap_ppl").substitute(domain=d, path=_quoted_path(dest / f"ppl_{d}.jsonl"))
         _write_if_changed(dest / f"basecap_ppl_{d}.yaml", task)
-    recs = builtin_extraction(subject, n_extraction, seed, max(32, (subject.seq_len or subject.model.cfg.max_seq_len) // 2), None, split, 2, 4)
+    ctx = max(32, (subject.seq_len or subject.model.cfg.max_seq_len) // 2)
+    recs = builtin_extraction(subject, n_extraction, seed, ctx, domain=None, split=split, n_records=2, n_attrs=4)
     lines = "".join(json.dumps({k: r[k] for k in ("context", "question", "answers")}) + "\n" for r in recs)
     _write_if_changed(dest / "extraction.jsonl", lines)
     task = _task_template("basecap_extraction").substitute(path=_quoted_path(dest / "extraction.jsonl"))
@@ -269,7 +271,7 @@ def write_corpus_tasks(
     return dest
 
 
-def _dataset_of(manager, name: str, seen=None) -> list[tuple[str, str | None, object]]:
+def _dataset_of(manager: Any, name: str, seen: set[str] | None = None) -> list[tuple[str, str | None, object]]:
     """(dataset path, config name, data_files) of every dataset a task, group or tag reads."""
     seen = seen if seen is not None else set()
     if name in seen:
@@ -289,7 +291,7 @@ def _dataset_of(manager, name: str, seen=None) -> list[tuple[str, str | None, ob
     return out
 
 
-def task_manager(tasks: list[str], include_path=None):
+def task_manager(tasks: list[str], include_path: str | list[str] | None = None) -> Any:
     """A TaskManager over basecap's tasks and ``include_path``; lm-eval's own ~15k task configs are
     indexed (seconds) only when a requested task is not found in those folders."""
     from lm_eval.tasks import TaskManager
@@ -309,7 +311,7 @@ def task_manager(tasks: list[str], include_path=None):
     return tm
 
 
-def check_datasets(tm, tasks: list[str]) -> None:
+def check_datasets(tm: Any, tasks: list[str]) -> None:
     """Load each task once so a missing offline dataset fails here, naming it and where it goes."""
     for t in tasks:
         try:
@@ -334,12 +336,13 @@ def check_datasets(tm, tasks: list[str]) -> None:
 
 
 def run_lm_eval(
-    run_dir,
+    run_dir: str | Path | Subject,
     tasks: list[str] | str,
+    *,
     num_fewshot: int | None = None,
     limit: int | float | None = None,
     batch_size: int = 8,
-    include_path=None,
+    include_path: str | list[str] | None = None,
     seed: int = 1234,
     bootstrap_iters: int = 1000,
     max_length: int | None = None,
@@ -387,11 +390,12 @@ def run_lm_eval(
 def lm_eval_suite(
     subject: Subject,
     out_dir: Path,
+    *,
     tasks: list[str] | str = "basecap_smoke",
     num_fewshot: int | None = None,
     limit: int | float | None = None,
     batch_size: int = 8,
-    include_path=None,
+    include_path: str | list[str] | None = None,
     seed: int = 1234,
     max_length: int | None = None,
 ) -> dict:

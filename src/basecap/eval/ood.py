@@ -9,13 +9,16 @@ over the training domains; every other domain is out-of-distribution for the run
 from __future__ import annotations
 
 import math
-from contextlib import nullcontext
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 if TYPE_CHECKING:
     import numpy as np
+
+    from ..data.corpus import Corpus
 
 
 STRATA = ("seen", "rare", "unseen")
@@ -47,15 +50,16 @@ class DomainEvaluator:
 
     def __init__(
         self,
-        corpus,
+        corpus: Corpus,
         domains: list[str],
         split: str,
         seq_len: int,
         batch_size: int,
         max_tokens: int,
+        *,
         train_weights: dict[str, float] | None = None,
         seen_min_count: int = 10,
-    ):
+    ) -> None:
         from ..data.loader import eval_batches
 
         self.split = split
@@ -79,7 +83,9 @@ class DomainEvaluator:
             self.strata = target_strata(sum(counts.values(), torch.zeros(corpus.vocab_size, dtype=torch.int64).numpy()), seen_min_count)
 
     @torch.no_grad()
-    def evaluate(self, model, device="cpu", autocast=None) -> dict[str, dict]:
+    def evaluate(
+        self, model: torch.nn.Module, device: str | torch.device = "cpu", autocast: Callable[[], AbstractContextManager[Any]] | None = None
+    ) -> dict[str, dict]:
         """Per domain: ``loss`` (nats/token), ``bpb``, ``tokens`` and ``bytes`` scored, ``window_losses``
         (the mean loss of each window, for the bootstrap over windows), and ``unigram_loss`` when known."""
         was_training = model.training
@@ -120,7 +126,7 @@ class DomainEvaluator:
         return out
 
 
-def token_losses(model, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+def token_losses(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """Per-token cross-entropy [B, T] in fp32 through the (possibly wrapped) model's LM-head loss, which
     by default never materialises the [B, T, V] logits."""
     losses, _ = model(x, targets=y, reduction="none")

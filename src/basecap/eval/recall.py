@@ -17,12 +17,19 @@ import math
 import random
 import re
 import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
 from ..data.synthetic import IGNORE, extraction_example, mqar, mqar_mixture
+
+if TYPE_CHECKING:
+    from ..data.corpus import Corpus
+    from .suites import Subject
 
 # ---- scoring --------------------------------------------------------------------------------
 
@@ -32,7 +39,7 @@ def normalize_answer(text: str) -> str:
     return re.sub(r"\s+", " ", str(text).lower()).strip().strip("\"'")
 
 
-def answer_contained(output: str, answers) -> bool:
+def answer_contained(output: str, answers: Any) -> bool:
     """True when any non-empty reference answer occurs in the output (after ``normalize_answer``)."""
     if answers is None:
         return False
@@ -47,33 +54,58 @@ def answer_contained(output: str, answers) -> bool:
 # ---- MQAR -------------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class MqarTask:
+    """The MQAR task's shape: token ids ``0 .. vocab_size - 1`` (half keys, half values), sequences of
+    ``seq_len`` tokens, trained on ``train_kv_pairs`` settings mixed and tested on ``num_test`` sequences of
+    each of ``test_kv_pairs``; query gaps drawn from the power law of exponent ``power_a``."""
+
+    vocab_size: int = 128
+    seq_len: int = 32
+    train_kv_pairs: Sequence[int] = (1, 2, 4)
+    test_kv_pairs: Sequence[int] = (1, 2, 4, 8)
+    num_test: int = 256
+    power_a: float = 0.01
+
+
+@dataclass(frozen=True)
+class MqarTraining:
+    """The optimiser settings of an MQAR training: ``steps`` batches of ``batch_size`` new sequences; AdamW at
+    peak ``lr`` with ``weight_decay`` on matrices, linear warmup over ``warmup_frac`` of the steps, then cosine
+    decay to 10%."""
+
+    steps: int = 1000
+    batch_size: int = 32
+    lr: float = 1e-3
+    weight_decay: float = 0.1
+    warmup_frac: float = 0.02
+
+
 @torch.no_grad()
 def eval_mqar(
-    model,
-    num_kv_pairs=(1, 2, 4, 8),
-    seq_len: int = 32,
-    vocab_size: int = 128,
-    num_examples: int = 256,
-    power_a: float = 0.01,
+    model: torch.nn.Module,
+    task: MqarTask,
+    *,
     seed: int = 0,
     batch_size: int = 64,
     token_map: torch.Tensor | None = None,
     seq_lens: dict | None = None,
 ) -> dict:
-    """Accuracy at the query positions of the MQAR test split, per number of key-value pairs.
+    """Accuracy at the query positions of the MQAR test split (``task.num_test`` sequences of each of
+    ``task.test_kv_pairs``), per number of key-value pairs.
 
     ``token_map`` [vocab_size] maps MQAR ids to model token ids (to probe a pretrained LM in context);
-    ``seq_lens`` maps a pair count to its own sequence length (default ``seq_len`` for all).
+    ``seq_lens`` maps a pair count to its own sequence length (default ``task.seq_len`` for all).
     """
     was_training = model.training
     model.eval()
     dev = next(model.parameters()).device
     acc = {}
-    for k in num_kv_pairs:
-        T = (seq_lens or {}).get(k, seq_len)
-        data = mqar(num_examples, T, k, vocab_size, power_a, True, seed, "test")
+    for k in task.test_kv_pairs:
+        T = (seq_lens or {}).get(k, task.seq_len)
+        data = mqar(task.num_test, T, k, vocab_size=task.vocab_size, power_a=task.power_a, random_non_queries=True, seed=seed, split="test")
         correct = total = 0
-        for s in range(0, num_examples, batch_size):
+        for s in range(0, task.num_test, batch_size):
             x, y = data.inputs[s : s + batch_size].to(dev), data.targets[s : s + batch_size].to(dev)
             if token_map is not None:
                 tm = token_map.to(dev)
@@ -87,64 +119,55 @@ def eval_mqar(
     return {
         "acc": acc,
         "mean_acc": sum(acc.values()) / len(acc),
-        "num_examples": num_examples,
-        "seq_len": seq_len,
-        "vocab_size": vocab_size,
-        "power_a": power_a,
+        "num_examples": task.num_test,
+        "seq_len": task.seq_len,
+        "vocab_size": task.vocab_size,
+        "power_a": task.power_a,
         "seed": seed,
     }
 
 
-def train_mqar(
-    mixer_cfg: dict,
-    d_model: int = 64,
-    n_layers: int = 2,
-    steps: int = 1000,
-    batch_size: int = 32,
-    lr: float = 1e-3,
-    weight_decay: float = 0.1,
-    warmup_frac: float = 0.02,
-    vocab_size: int = 128,
-    seq_len: int = 32,
-    train_kv_pairs=(1, 2, 4),
-    test_kv_pairs=(1, 2, 4, 8),
-    num_test: int = 256,
-    power_a: float = 0.01,
-    seed: int = 0,
-    mlp: dict | None = None,
-    device: str = "cpu",
-    eval_every: int = 0,
-    log=print,
-) -> dict:
-    """Train a fresh ``n_layers`` x ``d_model`` model of ``mixer_cfg`` on MQAR and return its test
-    accuracy per number of pairs, parameter counts and recurrent state bytes.
-
-    Each step is one batch of new sequences drawn from all ``train_kv_pairs`` settings mixed (no
-    example is seen twice); AdamW with warmup and cosine decay to 10%, gradient clipping at 1.
-    """
-    from ..model import LM, ModelConfig
-
-    torch.manual_seed(seed)
-    cfg = ModelConfig(
-        vocab_size=vocab_size, d_model=d_model, n_layers=n_layers, max_seq_len=seq_len, mixer=dict(mixer_cfg), **({"mlp": mlp} if mlp else {})
-    )
-    model = LM(cfg).to(device)
-    total = steps * batch_size
-    per = math.ceil(total / len(train_kv_pairs))
-    parts = mqar_mixture([(seq_len, k) for k in train_kv_pairs], per, vocab_size, power_a, seed, "train")
+def mqar_training_set(task: MqarTask, training: MqarTraining, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The inputs and targets of every training step in order, ``training.steps * training.batch_size``
+    sequences: an equal share of each ``task.train_kv_pairs`` setting, shuffled together."""
+    total = training.steps * training.batch_size
+    per = math.ceil(total / len(task.train_kv_pairs))
+    settings = [(task.seq_len, k) for k in task.train_kv_pairs]
+    parts = mqar_mixture(settings, per, vocab_size=task.vocab_size, power_a=task.power_a, seed=seed, split="train")
     inputs = torch.cat([p.inputs for p in parts])
     targets = torch.cat([p.targets for p in parts])
     perm = torch.from_numpy(np.random.default_rng([seed, 7]).permutation(len(inputs))[:total])
-    inputs, targets = inputs[perm], targets[perm]
+    return inputs[perm], targets[perm]
+
+
+def lr_factor(step: int, warm: int, steps: int) -> float:
+    """The learning rate's multiplier at ``step``: linear warmup over ``warm`` steps, then cosine to 10% at ``steps``."""
+    return (step + 1) / warm if step < warm else 0.1 + 0.45 * (1 + math.cos(math.pi * (step - warm) / max(1, steps - warm)))
+
+
+def fit_mqar(
+    model: torch.nn.Module,
+    data: tuple[torch.Tensor, torch.Tensor],
+    task: MqarTask,
+    training: MqarTraining,
+    *,
+    seed: int,
+    device: str,
+    eval_every: int,
+) -> tuple[list[tuple[int, float]], list[dict]]:
+    """Train ``model`` on ``data`` (``mqar_training_set``'s), one batch a step; returns the loss curve (every 50
+    steps and the last) and the test evaluations every ``eval_every`` steps before the last."""
+    inputs, targets = data
+    steps, batch_size, lr = training.steps, training.batch_size, training.lr
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}], lr=lr, betas=(0.9, 0.98))
-    warm = max(1, int(warmup_frac * steps))
+    groups = [{"params": decay, "weight_decay": training.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    opt = torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.98))
+    warm = max(1, int(training.warmup_frac * steps))
     curve, evals = [], []
-    t0 = time.time()
     model.train()
     for step in range(steps):
-        f = (step + 1) / warm if step < warm else 0.1 + 0.45 * (1 + math.cos(math.pi * (step - warm) / max(1, steps - warm)))
+        f = lr_factor(step, warm, steps)
         for g in opt.param_groups:
             g["lr"] = lr * f
         x = inputs[step * batch_size : (step + 1) * batch_size].to(device)
@@ -157,9 +180,46 @@ def train_mqar(
         if step % 50 == 0 or step == steps - 1:
             curve.append((step, round(loss.item(), 4)))
         if eval_every and (step + 1) % eval_every == 0 and step + 1 < steps:
-            evals.append({"step": step + 1, **eval_mqar(model, test_kv_pairs, seq_len, vocab_size, num_test, power_a, seed)})
+            evals.append({"step": step + 1, **eval_mqar(model, task, seed=seed)})
+    return curve, evals
+
+
+def train_mqar(
+    mixer_cfg: dict,
+    task: MqarTask,
+    training: MqarTraining,
+    *,
+    d_model: int = 64,
+    n_layers: int = 2,
+    seed: int = 0,
+    mlp: dict | None = None,
+    device: str = "cpu",
+    eval_every: int = 0,
+    log: Callable[..., Any] | None = print,
+) -> dict:
+    """Train a fresh ``n_layers`` x ``d_model`` model of ``mixer_cfg`` on MQAR and return its test
+    accuracy per number of pairs, parameter counts and recurrent state bytes.
+
+    Each step is one batch of new sequences drawn from all ``task.train_kv_pairs`` settings mixed (no
+    example is seen twice); AdamW with warmup and cosine decay to 10%, gradient clipping at 1.
+    """
+    from ..model import LM, ModelConfig
+
+    torch.manual_seed(seed)
+    cfg = ModelConfig(
+        vocab_size=task.vocab_size,
+        d_model=d_model,
+        n_layers=n_layers,
+        max_seq_len=task.seq_len,
+        mixer=dict(mixer_cfg),
+        **({"mlp": mlp} if mlp else {}),
+    )
+    model = LM(cfg).to(device)
+    data = mqar_training_set(task, training, seed)
+    t0 = time.time()
+    curve, evals = fit_mqar(model, data, task, training, seed=seed, device=device, eval_every=eval_every)
     train_s = time.time() - t0
-    res = eval_mqar(model, test_kv_pairs, seq_len, vocab_size, num_test, power_a, seed)
+    res = eval_mqar(model, task, seed=seed)
     if log:
         log(
             f"mqar {mixer_cfg.get('name')} d={d_model} L={n_layers}: "
@@ -171,74 +231,73 @@ def train_mqar(
         "mixer": dict(mixer_cfg),
         "d_model": d_model,
         "n_layers": n_layers,
-        "steps": steps,
-        "batch_size": batch_size,
-        "lr": lr,
-        "train_kv_pairs": list(train_kv_pairs),
+        "steps": training.steps,
+        "batch_size": training.batch_size,
+        "lr": training.lr,
+        "train_kv_pairs": list(task.train_kv_pairs),
         "params": model.param_counts(),
-        "state_bytes": model.state_size(seq_len),
+        "state_bytes": model.state_size(task.seq_len),
         "final_loss": curve[-1][1],
         "loss_curve": curve,
         "evals": evals,
         "train_seconds": round(train_s, 2),
-        "tokens_per_s": round(steps * batch_size * seq_len / max(train_s, 1e-9)),
+        "tokens_per_s": round(training.steps * training.batch_size * task.seq_len / max(train_s, 1e-9)),
     }
 
 
-def mqar_suite(
-    subject,
-    out_dir: Path,
-    mode: str = "train",
-    d_models=(64,),
-    n_layers: int = 2,
-    steps: int = 1000,
-    batch_size: int = 32,
-    lr: float = 1e-3,
-    vocab_size: int = 128,
-    seq_len: int = 32,
-    train_kv_pairs=(1, 2, 4),
-    test_kv_pairs=(1, 2, 4, 8),
-    num_test: int = 256,
-    seed: int = 0,
-) -> dict:
+@dataclass(frozen=True)
+class MqarOptions:
+    """The ``mqar`` suite's options. ``mode="train"``: train the run's mixer from scratch at each width in
+    ``d_models`` (``n_layers`` deep) on the task below; ``mode="pretrained"``: probe the run's own model."""
+
+    mode: str = "train"
+    d_models: Sequence[int] = (64,)
+    n_layers: int = 2
+    steps: int = 1000
+    batch_size: int = 32
+    lr: float = 1e-3
+    vocab_size: int = 128
+    seq_len: int = 32
+    train_kv_pairs: Sequence[int] = (1, 2, 4)
+    test_kv_pairs: Sequence[int] = (1, 2, 4, 8)
+    num_test: int = 256
+    seed: int = 0
+
+    def task(self) -> MqarTask:
+        return MqarTask(
+            vocab_size=self.vocab_size,
+            seq_len=self.seq_len,
+            train_kv_pairs=self.train_kv_pairs,
+            test_kv_pairs=self.test_kv_pairs,
+            num_test=self.num_test,
+        )
+
+    def training(self) -> MqarTraining:
+        return MqarTraining(steps=self.steps, batch_size=self.batch_size, lr=self.lr)
+
+
+def mqar_suite(subject: Subject, out_dir: Path, opts: MqarOptions) -> dict:
     """``mode="train"``: train the run's mixer from scratch on MQAR at each width in ``d_models``
     (the architecture's recall capacity, Zoology's protocol). ``mode="pretrained"``: probe the run's
     own model in context, with MQAR ids mapped onto a fixed random set of its vocabulary."""
     from ..config_base import ConfigError
 
-    if mode == "pretrained":
+    if opts.mode == "pretrained":
         V = subject.model.cfg.vocab_size
         ids = [i for i in range(V) if i != subject.eot_id]
-        if len(ids) < vocab_size:
-            raise ConfigError(f"mqar: vocab_size={vocab_size} exceeds the model's usable vocabulary {len(ids)}")
-        pick = np.random.default_rng([seed, 11]).choice(ids, size=vocab_size, replace=False)
-        res = eval_mqar(subject.model, test_kv_pairs, seq_len, vocab_size, num_test, seed=seed, token_map=torch.as_tensor(pick, dtype=torch.long))
-        return {"mode": mode, **res}
-    if mode != "train":
-        raise ConfigError(f"mqar: mode must be 'train' or 'pretrained', got {mode!r}")
+        if len(ids) < opts.vocab_size:
+            raise ConfigError(f"mqar: vocab_size={opts.vocab_size} exceeds the model's usable vocabulary {len(ids)}")
+        pick = np.random.default_rng([opts.seed, 11]).choice(ids, size=opts.vocab_size, replace=False)
+        res = eval_mqar(subject.model, opts.task(), seed=opts.seed, token_map=torch.as_tensor(pick, dtype=torch.long))
+        return {"mode": opts.mode, **res}
+    if opts.mode != "train":
+        raise ConfigError(f"mqar: mode must be 'train' or 'pretrained', got {opts.mode!r}")
     mcfg = subject.model.cfg
     if mcfg.layer_mixers:
         raise ConfigError("mqar mode='train' trains one mixer type; this run is a hybrid (layer_mixers)")
-    mixer = mcfg.mixer.model_dump()
-    runs = [
-        train_mqar(
-            mixer,
-            d,
-            n_layers,
-            steps,
-            batch_size,
-            lr,
-            vocab_size=vocab_size,
-            seq_len=seq_len,
-            train_kv_pairs=train_kv_pairs,
-            test_kv_pairs=test_kv_pairs,
-            num_test=num_test,
-            seed=seed,
-            mlp=mcfg.mlp.model_dump(),
-        )
-        for d in d_models
-    ]
-    return {"mode": mode, "runs": runs, "acc_by_d_model": {r["d_model"]: r["acc"] for r in runs}}
+    mixer, mlp = mcfg.mixer.model_dump(), mcfg.mlp.model_dump()
+    runs = [train_mqar(mixer, opts.task(), opts.training(), d_model=d, n_layers=opts.n_layers, seed=opts.seed, mlp=mlp) for d in opts.d_models]
+    return {"mode": opts.mode, "runs": runs, "acc_by_d_model": {r["d_model"]: r["acc"] for r in runs}}
 
 
 # ---- extraction recall (SWDE / FDA / SQuAD style) ---------------------------------------------
@@ -289,7 +348,7 @@ def recall_prompt(rec: dict) -> str:
     return f"{rec['context']}\n{q}"
 
 
-def corpus_paragraphs(corpus, domain: str, split: str, rng: random.Random, n_tokens: int) -> list[str]:
+def corpus_paragraphs(corpus: Corpus, domain: str, split: str, rng: random.Random, n_tokens: int) -> list[str]:
     """Consecutive paragraphs (~``n_tokens`` tokens) of held-out text decoded from a random offset."""
     toks = corpus.tokens(domain, split)
     if len(toks) < 2:
@@ -301,7 +360,11 @@ def corpus_paragraphs(corpus, domain: str, split: str, rng: random.Random, n_tok
     return paras[1:-1] if len(paras) > 2 else paras  # drop the cut-off ends
 
 
-def builtin_extraction(subject, n: int, seed: int, context_tokens: int, domain: str | None, split: str, n_records: int, n_attrs: int) -> list[dict]:
+def builtin_extraction(
+    subject: Subject, n: int, seed: int, context_tokens: int, *, domain: str | None = None, split: str = "test", n_records: int = 2, n_attrs: int = 4
+) -> list[dict]:
+    """``n`` structured-extraction examples: ``n_records`` records of ``n_attrs`` attributes each, embedded in about
+    ``context_tokens`` tokens of held-out text of ``domain`` (default the corpus's first; none without a corpus)."""
     rng = random.Random(seed)
     out = []
     for _ in range(n):
@@ -314,7 +377,7 @@ def builtin_extraction(subject, n: int, seed: int, context_tokens: int, domain: 
     return out
 
 
-def score_recall(subject, records: list[dict], max_new_tokens: int = 16, batch_size: int = 8) -> dict:
+def score_recall(subject: Subject, records: list[dict], max_new_tokens: int = 16, batch_size: int = 8) -> dict:
     """Greedy-generate after each record's prompt (first line kept) and score containment."""
     from .suites import greedy_generate
 
@@ -338,35 +401,42 @@ def score_recall(subject, records: list[dict], max_new_tokens: int = 16, batch_s
     }
 
 
-def recall_suite(
-    subject,
-    out_dir: Path,
-    files: dict | None = None,
-    n: int = 32,
-    seed: int = 0,
-    context_tokens: int | None = None,
-    domain: str | None = None,
-    split: str = "test",
-    n_records: int = 2,
-    n_attrs: int = 4,
-    max_new_tokens: int = 16,
-    limit: int | None = None,
-    batch_size: int = 8,
-) -> dict:
+@dataclass(frozen=True)
+class RecallOptions:
+    """The ``recall`` suite's options: ``n`` built-in extraction examples (``n_records`` records of ``n_attrs``
+    attributes in about ``context_tokens`` tokens of ``domain``'s ``split`` text, default half the training context),
+    plus any ``files`` {name: jsonl path} (first ``limit`` records each); greedy outputs of up to ``max_new_tokens``
+    tokens, ``batch_size`` prompts at a time."""
+
+    files: dict | None = None
+    n: int = 32
+    seed: int = 0
+    context_tokens: int | None = None
+    domain: str | None = None
+    split: str = "test"
+    n_records: int = 2
+    n_attrs: int = 4
+    max_new_tokens: int = 16
+    limit: int | None = None
+    batch_size: int = 8
+
+
+def recall_suite(subject: Any, out_dir: Path, opts: RecallOptions) -> dict:
     """The built-in structured-extraction task (``n`` examples of about ``context_tokens`` tokens of
     corpus text, default half the training context) plus any ``files`` {name: jsonl path} in the
     SWDE/FDA/SQuAD layouts (first ``limit`` records each)."""
-    ctx = context_tokens or max(32, subject.seq_len // 2)
-    tasks = {
-        "extraction": score_recall(subject, builtin_extraction(subject, n, seed, ctx, domain, split, n_records, n_attrs), max_new_tokens, batch_size)
-    }
-    tasks["extraction"].update(context_tokens=ctx, n_records=n_records, n_attrs=n_attrs)
-    for name, path in (files or {}).items():
-        recs = read_recall_jsonl(path)[:limit] if limit else read_recall_jsonl(path)
-        tasks[name] = {**score_recall(subject, recs, max_new_tokens, batch_size), "file": str(path)}
+    ctx = opts.context_tokens or max(32, subject.seq_len // 2)
+    records = builtin_extraction(
+        subject, opts.n, opts.seed, ctx, domain=opts.domain, split=opts.split, n_records=opts.n_records, n_attrs=opts.n_attrs
+    )
+    tasks = {"extraction": score_recall(subject, records, opts.max_new_tokens, opts.batch_size)}
+    tasks["extraction"].update(context_tokens=ctx, n_records=opts.n_records, n_attrs=opts.n_attrs)
+    for name, path in (opts.files or {}).items():
+        recs = read_recall_jsonl(path)[: opts.limit] if opts.limit else read_recall_jsonl(path)
+        tasks[name] = {**score_recall(subject, recs, opts.max_new_tokens, opts.batch_size), "file": str(path)}
     acc = {k: v["accuracy"] for k, v in tasks.items()}
     return {
-        "seed": seed,
+        "seed": opts.seed,
         "mean_accuracy": sum(acc.values()) / len(acc),
         **{f"{k}_accuracy": v for k, v in acc.items()},
         "tasks": tasks,

@@ -13,16 +13,18 @@ which is how the tests and notebooks evaluate a model that has no run directory.
 
 from __future__ import annotations
 
-import inspect
 import time
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, fields
 from pathlib import Path
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ..config_base import ConfigError
-from ..rundir import suite_file, write_json
+from ..atomic import write_json
+from ..rundir import suite_file
 
 if TYPE_CHECKING:
     from ..model import LM
@@ -35,6 +37,14 @@ _RUNNERS = {
     "niah": "longctx:niah_suite",
     "recall": "recall:recall_suite",
     "extrapolation": "longctx:extrapolation_suite",
+}
+# every suite but lm-eval runs as function(subject, out_dir, options), its options a frozen dataclass of its module
+_OPTIONS = {
+    "mqar": "MqarOptions",
+    "passkey": "PasskeyOptions",
+    "niah": "NiahOptions",
+    "recall": "RecallOptions",
+    "extrapolation": "ExtrapolationOptions",
 }
 
 
@@ -57,7 +67,7 @@ class Subject:
     name: str = "model"
     info: dict = field(default_factory=dict)
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.seq_len is None:
             self.seq_len = self.model.cfg.max_seq_len
         if self.eot_id is None and self.corpus is not None:
@@ -70,7 +80,7 @@ class Subject:
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False).ids
 
-    def decode(self, ids) -> str:
+    def decode(self, ids: Iterable[int]) -> str:
         return self.tokenizer.decode([int(i) for i in ids], skip_special_tokens=False)
 
     def max_positions(self) -> int | None:
@@ -102,7 +112,7 @@ def _config_only(suite: str, options: dict) -> bool:
     return suite == "mqar" and options.get("mode", "train") == "train"
 
 
-def load_subject(run_dir: str | Path, corpus=None, log=print) -> Subject:
+def load_subject(run_dir: str | Path, corpus: Any = None, log: Callable[..., Any] = print) -> Subject:
     """A run directory's newest good checkpoint with its corpus and tokenizer."""
     from .final import load_trained
 
@@ -179,11 +189,19 @@ def cut_at_stop(text: str, stop: tuple[str, ...] | list[str]) -> str:
 LM_EVAL_OPTIONS = ("tasks", "num_fewshot", "limit", "batch_size", "include_path", "seed", "max_length")
 
 
-def _runner(suite: str):
+def _module(suite: str) -> ModuleType:
     import importlib
 
-    mod, fn_name = _RUNNERS[suite].split(":")
-    return getattr(importlib.import_module(f"{__package__}.{mod}"), fn_name)
+    return importlib.import_module(f"{__package__}.{_RUNNERS[suite].split(':')[0]}")
+
+
+def _runner(suite: str) -> Callable[..., dict]:
+    return getattr(_module(suite), _RUNNERS[suite].split(":")[1])
+
+
+def _options_class(suite: str) -> Any:
+    """The frozen dataclass of a suite's options (None for lm-eval, whose options go to lm-eval as they are)."""
+    return getattr(_module(suite), _OPTIONS[suite]) if suite in _OPTIONS else None
 
 
 def suite_options(suite: str) -> list[str]:
@@ -192,7 +210,7 @@ def suite_options(suite: str) -> list[str]:
         raise ConfigError(f"unknown suite {suite!r}; allowed: {', '.join(sorted(_RUNNERS))}")
     if suite == "lm-eval":
         return list(LM_EVAL_OPTIONS)
-    return [p for p in inspect.signature(_runner(suite)).parameters if p not in ("subject", "out_dir")]
+    return [f.name for f in fields(_options_class(suite))]
 
 
 def check_suite_options(suite: str, options: dict) -> None:
@@ -203,7 +221,7 @@ def check_suite_options(suite: str, options: dict) -> None:
         raise ConfigError(f"suite {suite!r}: unknown option(s) {bad}; allowed: {', '.join(allowed)}")
 
 
-def run_suite(run_dir, suite: str, out_dir: str | Path | None = None, **options) -> dict:
+def run_suite(run_dir: Any, suite: str, out_dir: str | Path | None = None, **options: Any) -> dict:
     """Run one suite on a run directory (or a ``Subject``); write and return ``eval_<suite>.json``."""
     check_suite_options(suite, options)
     fn = _runner(suite)
@@ -217,7 +235,8 @@ def run_suite(run_dir, suite: str, out_dir: str | Path | None = None, **options)
     out_dir.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
     subject = subject or (config_subject(run_dir) if _config_only(suite, options) else load_subject(run_dir))
-    res = fn(subject, out_dir=out_dir, **options)
+    opts_cls = _options_class(suite)
+    res = fn(subject, out_dir, opts_cls(**options)) if opts_cls is not None else fn(subject, out_dir=out_dir, **options)
     res = {"suite": suite, "model": subject.name, **subject.info, "seconds": round(time.time() - t0, 2), "options": dict(options), **res}
     write_json(out_dir / suite_file(suite), res, default=str)
     return res

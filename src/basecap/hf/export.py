@@ -14,7 +14,8 @@ import torch
 from transformers import GenerationConfig, PreTrainedTokenizerFast
 
 from ..data.tokenizer import EOT
-from ..rundir import RunDir, atomic_write, environment_info
+from ..atomic import atomic_write
+from ..rundir import RunDir, environment_info
 from .modeling import BasecapConfig, BasecapForCausalLM
 
 

@@ -70,6 +70,7 @@ def mqar(
     vocab_size: int = 256,
     power_a: float = 0.01,
     random_non_queries: bool = True,
+    *,
     seed: int = 0,
     split: str = "train",
 ) -> MQARBatch:
@@ -114,7 +115,8 @@ def mqar_mixture(
     power_a: float = 0.01,
     seed: int = 0,
     split: str = "train",
+    *,
     random_non_queries: bool = True,
 ) -> list[MQARBatch]:
     """One ``MQARBatch`` per (seq_len, num_kv_pairs) setting, ``num_examples`` each."""
-    return [mqar(num_examples, T, K, vocab_size, power_a, random_non_queries, seed, split) for T, K in settings]
+    return [mqar(num_examples, T, K, vocab_size, power_a, random_non_queries, seed=seed, split=split) for T, K in settings]

@@ -59,7 +59,7 @@ def niah_parts(rng: random.Random, value_kind: str = "number") -> tuple[str, str
 
 
 def fill_prompt(
-    encode: Callable[[str], list[int]], prefix: str, needle: str, question: str, sentences: Iterator[str], length: int, depth: float
+    encode: Callable[[str], list[int]], prefix: str, needle: str, question: str, sentences: Iterator[str], length: int, *, depth: float
 ) -> tuple[str, int, float]:
     """Fill a haystack so the whole prompt has about ``length`` tokens (never more), with the needle
     after ``depth`` (0..1) of the haystack sentences. Returns (prompt, tokens, actual depth)."""
