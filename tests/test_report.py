@@ -318,15 +318,15 @@ def test_plot_legends_name_each_run_once():
     from collections import Counter
     from pathlib import Path
 
-    from basecap.report.core import _legend_label
+    from basecap.report.plots import legend_label
     from basecap.report.runs import Run
 
     runs = [Run(Path("."), f"{n}-s{s}", n, s, {}) for n, seeds in (("a", (0, 1, 2)), ("b", (0,))) for s in seeds]
     seeds = Counter(r.name for r in runs)
     labelled: set[str] = set()
-    assert [_legend_label(r, seeds, labelled) for r in runs] == ["a (3 seeds)", "_nolegend_", "_nolegend_", "b-s0"]
+    assert [legend_label(r, seeds, labelled) for r in runs] == ["a (3 seeds)", "_nolegend_", "_nolegend_", "b-s0"]
     labelled = set()  # a panel where a-s0 has no curve: a-s1 carries the name
-    assert [_legend_label(r, seeds, labelled) for r in runs[1:]] == ["a (3 seeds)", "_nolegend_", "b-s0"]
+    assert [legend_label(r, seeds, labelled) for r in runs[1:]] == ["a (3 seeds)", "_nolegend_", "b-s0"]
 
 
 def test_bands_print_as_written():

@@ -282,7 +282,7 @@ def test_metric_claims_enter_the_family_and_gpu_claims_a_family_of_their_own(tmp
     assert rows["speed"]["verdict"] == HOLDS and rows["gpu_speed"]["verdict"] == HOLDS
     assert rows["speed"]["test"]["divisor_holds"] == 2 and rows["gpu_speed"]["test"]["divisor_holds"] == 1
     assert rows["acc"]["analogue_of"] == "gpu_speed"
-    from basecap.scorecard.render import scorecard_markdown
+    from basecap.scorecard.render_claims import scorecard_markdown
 
     ratio = math.exp(sum(math.log(v) for v in (4.0, 4.1, 3.95)) / 3 - sum(math.log(v) for v in (1.0, 1.02, 0.98)) / 3)
     text = scorecard_markdown(build_scorecard(root))

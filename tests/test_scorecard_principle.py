@@ -17,6 +17,7 @@ from basecap.scorecard import load_claims
 from basecap.scorecard import principle as pr
 from basecap.scorecard.mqar_points import measure
 from basecap.scorecard.principle import protocol
+from basecap.scorecard.render_principle import plot_principle
 from basecap.scorecard.verdicts import FAILS, HOLDS, UNDECIDED, decide
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -165,8 +166,8 @@ def test_the_figure_draws_the_points_that_have_both(tmp_path):
     ]
     section = {"points": pts, "protocol": {"score_kv_pairs": 8}}
     path = tmp_path / "principle.png"
-    assert pr.plot_principle(section, path) and path.stat().st_size > 0
-    assert not pr.plot_principle({"points": pts[2:], "protocol": {"score_kv_pairs": 8}}, path.with_name("none.png"))
+    assert plot_principle(section, path) and path.stat().st_size > 0
+    assert not plot_principle({"points": pts[2:], "protocol": {"score_kv_pairs": 8}}, path.with_name("none.png"))
 
 
 def test_each_point_has_the_arm_a_of_its_claim(spec, claims):
@@ -183,9 +184,11 @@ def test_principle_mqar_resumes_and_skips_what_it_has(tmp_path, spec, claims, mo
 
     seen = []
 
-    def fake(mixer, d_model, n_layers, steps, batch_size, lr, **kw):
-        seen.append((mixer["name"], d_model, n_layers, steps, batch_size, lr, kw["seq_len"], kw["train_kv_pairs"], kw["seed"], kw["mlp"]["name"]))
-        acc = {k: 1.0 / k for k in kw["test_kv_pairs"]}
+    def fake(mixer, task, training, **kw):
+        seen.append((mixer["name"], kw["d_model"], kw["n_layers"], training.steps, training.batch_size, training.lr, task.seq_len,
+                     task.train_kv_pairs, kw["seed"], kw["mlp"]["name"]))
+        assert (task.vocab_size, task.num_test, task.power_a, training.weight_decay) == (128, 256, 0.01, 0.1)
+        acc = {k: 1.0 / k for k in task.test_kv_pairs}
         return {
             "acc": acc,
             "mean_acc": 0.5,

@@ -205,3 +205,27 @@ def test_an_unreadable_arm_keeps_the_claim_undecided_and_says_so():
     row["arms"] = [{"label": "A: both at 2e-3", "status": "unreadable", "test": None}]
     combine(row)
     assert row["test"]["p_holds_claim"] == 1.0 and "no band to read: A" in row["arm_note"]
+
+
+def test_a_claims_own_comparison_that_cannot_reach_the_band_is_read_at_its_rule_band_and_says_so():
+    """Top-1 Element at its tuned rate (4e-3) anneals no lower than about 4.15 in-domain (published records), so its
+    tuned comparison with Transformer++ is read at the pair's rule band, as an arm is, and the verdict's detail says
+    where; a pair that holds the study's band keeps it."""
+    from pathlib import Path
+
+    from basecap.scorecard import _own_band
+
+    study_dir = Path(__file__).resolve().parents[1] / "results" / "top1_annealed"
+    from basecap.scorecard.compute import load_study
+
+    study = load_study(study_dir)
+    row: dict = {}
+    band = _own_band(row, _claim(run="top1_element", reference="transformer_pp", study="top1_annealed"), study)
+    assert band == (4.15, 4.35) and row["band"] == [4.15, 4.35] and "read at 4.15-4.35" in row["band_note"]
+    held: dict = {}
+    assert _own_band(held, _claim(run="top1_chunk_exact", reference="transformer_pp", study="top1_annealed"), study) is None
+    assert held == {}
+    r = _row(0.5, 0.5)
+    r["band_note"] = row["band_note"]
+    decide([r], ALPHA, 0.8)
+    assert r["verdict"] == UNDECIDED and "read at 4.15-4.35" in r["detail"]

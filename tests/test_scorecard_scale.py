@@ -10,7 +10,8 @@ from scipy import stats
 
 from basecap.config_base import ConfigError
 from basecap.scorecard import build_scorecard, load_claims
-from basecap.scorecard.render import readme_results, scorecard_markdown, study_block
+from basecap.scorecard.render_claims import scorecard_markdown
+from basecap.scorecard.render_readme import readme_results, study_block
 from basecap.scorecard.scale import reading, welch
 
 ROOT = Path(__file__).resolve().parents[1]

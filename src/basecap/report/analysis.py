@@ -22,7 +22,7 @@ from .runs import Run
 from .stats import SMOOTH, RunCurves, apply_holm, build_comparisons, holm, matched_endpoints, paired_test
 
 
-def _curve(run: Run, domain: str) -> tuple[np.ndarray, np.ndarray]:
+def domain_curve(run: Run, domain: str) -> tuple[np.ndarray, np.ndarray]:
     """(in-domain loss, ``domain`` loss) at each evaluation, in training order."""
     return (np.array([e["in_domain_loss"] for e in run.evals]), np.array([e["domains"][domain]["loss"] for e in run.evals]))
 
@@ -30,15 +30,15 @@ def _curve(run: Run, domain: str) -> tuple[np.ndarray, np.ndarray]:
 def matched_gap(run: Run, ref: Run, domain: str, points: int = 50, smooth: int = 1) -> dict | None:
     """OOD loss of ``run`` minus ``ref`` at matched in-domain loss (``stats.matched_endpoints``): the primary
     endpoint, the whole-range mean, the end gap and the matched range; None when there is no gap."""
-    xr, yr = _curve(run, domain)
-    xf, yf = _curve(ref, domain)
+    xr, yr = domain_curve(run, domain)
+    xf, yf = domain_curve(ref, domain)
     g = matched_endpoints(xr, yr, xf, yf, smooth=smooth, points=points)
     if not g.ok or g.matched_range is None:
         return None
     return {"primary": g.primary, "mean_gap": g.mean_gap, "end_gap": g.end_gap, "matched_range": list(g.matched_range)}
 
 
-def _curves(run: Run) -> RunCurves:
+def curves_of(run: Run) -> RunCurves:
     """The run's evaluation curves for ``report.stats``, with the final evaluation's per-window losses."""
     doms = [d for d in run.domains if all(d in e["domains"] for e in run.evals)]
     last = run.evals[-1]["domains"] if run.evals else {}
@@ -55,7 +55,7 @@ def _mean_std(vals: list[float]) -> tuple[float, float | None]:
     return (statistics.fmean(vals), statistics.stdev(vals) if len(vals) > 1 else None)
 
 
-def _setting(run: Run) -> tuple:
+def run_setting(run: Run) -> tuple:
     return tuple(sorted(run.in_domains))
 
 
@@ -69,13 +69,13 @@ def _reference_for(run: Run, runs: list[Run], refs: list[Run]) -> Run | None:
     trained on other domains (a limited-vs-mixed study), use the run of this setting that has the
     reference's architecture (same model config)."""
     for ref in refs:
-        if ref.seed == run.seed and _setting(ref) == _setting(run):
+        if ref.seed == run.seed and run_setting(ref) == run_setting(run):
             return ref
     if not refs:
         return None
     arch = refs[0].info["config"]["model"]
     for r in runs:
-        if r.seed == run.seed and _setting(r) == _setting(run) and r.info["config"]["model"] == arch:
+        if r.seed == run.seed and run_setting(r) == run_setting(run) and r.info["config"]["model"] == arch:
             return r
     return None
 
@@ -96,7 +96,7 @@ def summarize(runs: list[Run], reference: str | list[str] | None = None, smooth:
     and the statistics of every comparison against the reference (``report.stats``). With a study's comparison
     ``design`` (its ``[compare]`` table, ``report.design``) the comparisons are those of its primary measure,
     with every other measure, the limited-vs-mixed interaction and the target strata beside them."""
-    groups = _by_name(runs)
+    groups = runs_by_name(runs)
     names = list(groups)
     refs = [r for r in ([reference] if isinstance(reference, str) else reference or []) if r in groups]
     refs = refs or names[:1]
@@ -129,7 +129,7 @@ def _designed(runs: list[Run], groups: dict[str, list[Run]], refs: list[str], sm
     by_measure = {"legacy": legacy}
     for m in ms:
         if m.name != "legacy":
-            by_measure[m.name] = _families(measure_comparisons(_pairs(runs, groups, refs), m, design, ood_domains(runs), smooth), groups)
+            by_measure[m.name] = _families(measure_comparisons(reference_pairs(runs, groups, refs), m, design, ood_domains(runs), smooth), groups)
     return {
         "comparisons": by_measure[primary],
         "design": {**design, "primary": primary},
@@ -140,7 +140,7 @@ def _designed(runs: list[Run], groups: dict[str, list[Run]], refs: list[str], sm
     }
 
 
-def _pairs(runs: list[Run], groups: dict[str, list[Run]], refs: list[str]) -> list[tuple[Run, Run]]:
+def reference_pairs(runs: list[Run], groups: dict[str, list[Run]], refs: list[str]) -> list[tuple[Run, Run]]:
     return [
         (r, ref)
         for rs in groups.values()
@@ -192,8 +192,8 @@ def _comparisons(runs: list[Run], groups: dict[str, list[Run]], refs: list[str],
     """Every run against the reference run of its seed and training setting, per OOD domain. Holm corrects
     within two families: domains held out by the run (the study's questions) and domains the run trained on
     (the mixed-domain control), so a control does not dilute the held-out tests nor the reverse."""
-    pairs = _pairs(runs, groups, refs)
-    return _families(build_comparisons([(_curves(r), _curves(ref)) for r, ref in pairs], ood_domains(runs), smooth=smooth), groups)
+    pairs = reference_pairs(runs, groups, refs)
+    return _families(build_comparisons([(curves_of(r), curves_of(ref)) for r, ref in pairs], ood_domains(runs), smooth=smooth), groups)
 
 
 def _in_domain_comparisons(runs: list[Run], groups: dict[str, list[Run]], refs: list[str]) -> list[dict]:
@@ -241,7 +241,7 @@ def _in_domain_comparisons(runs: list[Run], groups: dict[str, list[Run]], refs: 
     return out
 
 
-def _by_name(runs: list[Run]) -> dict[str, list[Run]]:
+def runs_by_name(runs: list[Run]) -> dict[str, list[Run]]:
     groups: dict[str, list[Run]] = defaultdict(list)
     for r in runs:
         groups[r.name].append(r)

@@ -5,11 +5,15 @@ it), else unknown. See docs/metrics.md (baselines, context gain)."""
 from __future__ import annotations
 
 from functools import lru_cache
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .runs import Run
 
 NEAR_UNIGRAM_NATS = 1.0  # a run that gains less than this over word frequencies is "near unigram"
 
 
-def run_unigram(run) -> dict[str, float] | None:
+def run_unigram(run: Run) -> dict[str, float] | None:
     """Unigram loss of the run's training mixture on each evaluated domain's windows, or None."""
     if not run.evals:
         return None
@@ -27,7 +31,9 @@ def run_unigram(run) -> dict[str, float] | None:
 
 
 @lru_cache(maxsize=64)
-def _from_corpus(corpus_name, weights, domains, split, seq_len, max_tokens) -> dict[str, float] | None:
+def _from_corpus(
+    corpus_name: str, weights: tuple[tuple[str, float], ...], domains: tuple[str, ...], split: str, seq_len: int, max_tokens: int | None
+) -> dict[str, float] | None:
     from ..config_base import ConfigError
     from ..data.baselines import find_corpus, unigram_losses
 

@@ -12,18 +12,18 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..rundir import RunDir, atomic_write, write_json
-from .analysis import _curves, matched_gap, ood_domains, summarize
+from ..atomic import atomic_write, write_json
+from ..rundir import RunDir
+from .analysis import summarize
 from .page import render_html
-from .plots import _legend_label, _plots
+from .plots import draw_plots
 from .runs import load_run
 from .stats import SMOOTH
 from .summary import EXPERIMENT_FILE, build_summary, study_of
 from .sweep import TUNING_RUNS, tuning_run_dir
-from .tables import _markdown
+from .tables import report_markdown
 
-# imported from here: the report's entry points, and the curves and legend labels the scorecard and the tests use
-__all__ = ["_curves", "_legend_label", "archive_runs", "archive_tuning_runs", "load_run", "matched_gap", "ood_domains", "report", "summarize"]
+__all__ = ["archive_runs", "archive_tuning_runs", "is_published", "report"]
 
 
 def archive_runs(run_dirs: list[str | Path], out_dir: str | Path) -> Path:
@@ -65,6 +65,7 @@ def report(
     smooth: int = SMOOTH,
     speed_json: str | Path | None = None,
     tuning_json: str | Path | None = None,
+    *,
     archive: bool = False,
     design: dict | None = None,
     embed_images: bool | None = None,
@@ -90,8 +91,8 @@ def report(
     )
     from .suites import suite_sections
 
-    images = _plots(runs, out, summary)
-    md = _markdown(summary, runs)
+    images = draw_plots(runs, out, summary)
+    md = report_markdown(summary, runs)
     extra, extra_images = suite_sections(runs, out, speed_json)
     if extra:
         head, figs = md.split("## Figures")

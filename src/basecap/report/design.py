@@ -18,7 +18,7 @@ import json
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import cast
+from typing import Sequence, cast
 
 import numpy as np
 from scipy import stats as sps
@@ -75,7 +75,7 @@ def load_design(path: Path) -> dict:
     import tomllib
 
     from ..config_base import ConfigError
-    from ..config_sections import CompareConfig
+    from ..config import CompareConfig
 
     try:
         data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
@@ -119,7 +119,7 @@ def curves(run: Run, m: Measure, domains: list[str], match_domains: list[str] | 
     return RunCurves(run.name, run.seed, cast(list[float], xs), cast(dict[str, list[float]], ys))  # no None: checked above
 
 
-def points_in_band(xs, band) -> int:
+def points_in_band(xs: Sequence[float], band: tuple[float, ...]) -> int:
     return int(sum(band[0] <= x <= band[1] for x in xs))
 
 
@@ -188,7 +188,7 @@ def _pair_curves(
     return out
 
 
-def _gap_at(level: np.ndarray, xa, ya, xb, yb) -> np.ndarray:
+def _gap_at(level: np.ndarray, xa: np.ndarray, ya: np.ndarray, xb: np.ndarray, yb: np.ndarray) -> np.ndarray:
     """The run's loss minus the reference's at each matched level, NaN outside the pair's common range (no
     extrapolation)."""
     g = np.interp(level, xa, ya) - np.interp(level, xb, yb)

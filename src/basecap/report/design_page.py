@@ -5,8 +5,13 @@ the OOD gap against the matched in-domain level."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from .design import RULE_STEP, gap_curve, gap_fraction_curve, measures
+
+if TYPE_CHECKING:
+    from .design import GapCurve
+    from .runs import Run
 
 MEASURE_WORDS = {
     "legacy": "evaluations, every target, lowest 30% of each pair's range (the old design)",
@@ -15,6 +20,17 @@ MEASURE_WORDS = {
     "annealed_all": "annealed points, every target, band",
     "annealed_seen": "annealed points, seen targets, band",
 }
+
+
+# What each step of the design takes out of a gap, in the order of the measure table (docs/metrics.md).
+REMOVES = (
+    "Each step from the old design removes one thing that is not the architecture: the band reads every pair at the "
+    "same in-domain level (the old design read each pair over the lowest 30% of its own common range, which moves "
+    "with how far its runs got); annealed points read each model where it would stand had its training ended there "
+    "(a point taken mid-schedule carries the learning rate's phase: the faster-decaying run looks better); seen "
+    "targets leave out held-out tokens whose id the training domains show fewer than `eval.seen_min_count` times (their "
+    "loss is set by how the output head treats ids training could only push down, not by the sequence mixer)."
+)
 
 
 def band_text(band: list[float]) -> str:
@@ -99,7 +115,7 @@ def measure_sections(summary: dict) -> list[str]:
         "## The gap under each measure",
         "",
         "Mean gap (nats/token) [95% CI over seeds], * where its Holm-corrected test (within the measure) rejects, "
-        "(seeds matched). Reading across a row shows what each choice of the design does to one comparison.",
+        "(seeds matched). Reading across a row shows what each choice of the design does to one comparison. " + REMOVES,
         "",
         "| run | domain | " + " | ".join(f"{n}: {MEASURE_WORDS.get(n, n)}" for n in names) + " |",
         "|" + "---|" * (2 + len(names)),
@@ -171,7 +187,7 @@ def _strata_table(shares: dict) -> list[str]:
     return lines
 
 
-def gap_level_plot(runs, summary: dict, out: Path, colors: dict, pairs) -> list[Path]:
+def gap_level_plot(runs: list[Run], summary: dict, out: Path, colors: dict, pairs: list[tuple[Run, Run]]) -> list[Path]:
     """OOD gap of each run against the reference (primary measure) as a function of the matched in-domain level (top
     row) and of the fraction of training (bottom row, annealed designs: the level the reference reaches there), the
     mean over the seeds that reach each x with its 95% band over seeds, the band of levels shaded."""
@@ -215,7 +231,7 @@ def gap_level_plot(runs, summary: dict, out: Path, colors: dict, pairs) -> list[
     return [path]
 
 
-def _draw(ax, c, color, label) -> None:
+def _draw(ax: Any, c: GapCurve | None, color: str | None, label: str) -> None:
     if c is None:
         return
     ax.plot(c.x, c.mean, lw=1.3, color=color, label=label)

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import numpy as np
 
-from .analysis import _by_name, _curve, _pairs, ood_domains
+from .analysis import runs_by_name, domain_curve, reference_pairs, ood_domains
 from .runs import Run
 
 
-def _legend_label(r: Run, seeds: Counter, labelled: set[str]) -> str:
+def legend_label(r: Run, seeds: Counter, labelled: set[str]) -> str:
     """Legend label of the curve of ``r`` in one panel: one entry per run name (its seeds share a colour), on the
     first of its curves drawn there (``labelled`` holds the names already labelled); matplotlib leaves
     ``_nolegend_`` out."""
@@ -23,7 +23,7 @@ def _legend_label(r: Run, seeds: Counter, labelled: set[str]) -> str:
     return f"{r.name} ({seeds[r.name]} seeds)" if seeds[r.name] > 1 else r.run_id
 
 
-def _plots(runs: list[Run], out: Path, summary: dict) -> list[Path]:
+def draw_plots(runs: list[Run], out: Path, summary: dict) -> list[Path]:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -42,7 +42,7 @@ def _plots(runs: list[Run], out: Path, summary: dict) -> list[Path]:
             loss = np.array([t["loss"] for t in r.train])
             k = max(1, len(loss) // 50)
             sm = np.convolve(loss, np.ones(k) / k, "valid")
-            ax.plot(steps[k - 1 :], sm, color=colors[r.name], lw=1, label=_legend_label(r, seeds, labelled))
+            ax.plot(steps[k - 1 :], sm, color=colors[r.name], lw=1, label=legend_label(r, seeds, labelled))
     ax.set(xlabel="step", ylabel="training loss (nats/token)", title="Training curves")
     ax.legend(fontsize=7)
     fig.tight_layout()
@@ -53,15 +53,15 @@ def _plots(runs: list[Run], out: Path, summary: dict) -> list[Path]:
     ood = ood_domains(runs)
     if ood:
         # the legend gets a strip of its own to the right, as wide as its longest label
-        legend_in = 0.5 + 0.055 * max((len(_legend_label(r, seeds, set())) for r in runs), default=0)
+        legend_in = 0.5 + 0.055 * max((len(legend_label(r, seeds, set())) for r in runs), default=0)
         width = 4.2 * len(ood) + legend_in
         fig, axes = plt.subplots(1, len(ood), figsize=(width, 3.8), squeeze=False)
         for ax, d in zip(axes[0], ood):
             labelled = set()
             for r in runs:
                 if r.evals:
-                    x, y = _curve(r, d)
-                    ax.plot(x, y, "-o", ms=2.5, lw=1, color=colors[r.name], label=_legend_label(r, seeds, labelled))
+                    x, y = domain_curve(r, d)
+                    ax.plot(x, y, "-o", ms=2.5, lw=1, color=colors[r.name], label=legend_label(r, seeds, labelled))
             ax.invert_xaxis()
             ax.set(xlabel="in-domain validation loss", ylabel=f"{d} loss", title=f"{d}")
         # one legend for the figure, beside the panels: inside one it would cover the curves it names
@@ -78,5 +78,5 @@ def _plots(runs: list[Run], out: Path, summary: dict) -> list[Path]:
     if summary.get("design"):
         from .design_page import gap_level_plot
 
-        paths += gap_level_plot(runs, summary, out, colors, _pairs(runs, _by_name(runs), summary["references"]))
+        paths += gap_level_plot(runs, summary, out, colors, reference_pairs(runs, runs_by_name(runs), summary["references"]))
     return paths

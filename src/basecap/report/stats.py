@@ -12,7 +12,7 @@ import math
 import warnings
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 from scipy import stats
@@ -63,6 +63,7 @@ def matched_endpoints(
     ref_ood: Curve,
     smooth: int = SMOOTH,
     trained_fraction: float = TRAINED_FRACTION,
+    *,
     points: int = GRID_POINTS,
     band: tuple[float, float] | None = None,
 ) -> MatchedGap:
@@ -102,11 +103,11 @@ def matched_endpoints(
             reason=(f"in-domain loss ranges do not overlap (run {xr.min():.4g}-{xr.max():.4g}, reference {xf.min():.4g}-{xf.max():.4g})"),
         )
 
-    def interp(grid, x, y):
+    def interp(grid: np.ndarray, x: np.ndarray, y: np.ndarray) -> np.ndarray:
         o = np.argsort(x, kind="stable")  # in-domain loss falls over training, not always monotonically
         return np.interp(grid, x[o], y[o])
 
-    def gap(grid):
+    def gap(grid: np.ndarray) -> np.ndarray:
         return interp(grid, xr, yr) - interp(grid, xf, yf)
 
     if band is not None:
@@ -223,7 +224,7 @@ def eval_noise_of_difference(
     return _bootstrap_mean((a, b), lambda x, y, axis=-1: x.mean(axis=axis) - y.mean(axis=axis), confidence, n_resamples, seed, paired=True)
 
 
-def _bootstrap_mean(data: tuple, statistic, confidence: float, n_resamples: int, seed: int, paired: bool = False) -> dict:
+def _bootstrap_mean(data: tuple, statistic: Callable[..., Any], confidence: float, n_resamples: int, seed: int, paired: bool = False) -> dict:
     n = len(data[0])
     value = float(statistic(*data))
     if n < 2:

@@ -9,25 +9,29 @@ import re
 import statistics
 from collections import defaultdict
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from ..rundir import RunDir
 
+if TYPE_CHECKING:
+    from .runs import Run
 
-def _ms(vals):
+
+def _ms(vals: list[Any]) -> tuple[float, float | None] | None:
     vals = [v for v in vals if v is not None]
     if not vals:
         return None
     return statistics.fmean(vals), (statistics.stdev(vals) if len(vals) > 1 else None)
 
 
-def _f(ms, p=3):
+def _f(ms: tuple[float, float | None] | None, p: int = 3) -> str:
     if ms is None:
         return "-"
     m, s = ms
     return f"{m:.{p}f}" if s is None else f"{m:.{p}f} ± {s:.{p}f}"
 
 
-def collect(runs) -> dict[str, dict[str, list[dict]]]:
+def collect(runs: list[Run]) -> dict[str, dict[str, list[dict]]]:
     """suite label -> run name -> results over seeds. A named suite entry (suite_<name>/) is its own label."""
     found: dict[str, dict[str, list[dict]]] = defaultdict(lambda: defaultdict(list))
     for r in runs:
@@ -46,7 +50,7 @@ def _file_part(label: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.+-]+", "_", label).strip("_.") or "suite"
 
 
-def _mqar(label, per_run, out: Path):
+def _mqar(label: str, per_run: dict[str, list[dict]], out: Path) -> tuple[list[str], Path | None]:
     pairs = sorted({k for rs in per_run.values() for res in rs for run in res.get("runs", []) for k in run["acc"]}, key=int)
     lines = [
         f"## Associative recall: {label}",
@@ -59,7 +63,7 @@ def _mqar(label, per_run, out: Path):
         "| run | d_model | seeds | state bytes | " + " | ".join(f"{p} pairs" for p in pairs) + " | mean |",
         "|" + "---|" * (5 + len(pairs)),
     ]
-    pts = []
+    pts: list[tuple[str, Any, Any, Any]] = []
     for name, rs in per_run.items():
         by_d: dict[int, dict] = defaultdict(dict)
         for res in rs:
@@ -103,7 +107,7 @@ def _mqar(label, per_run, out: Path):
     return lines, img
 
 
-def _lm_eval(label, per_run):
+def _lm_eval(label: str, per_run: dict[str, list[dict]]) -> list[str]:
     tasks = sorted({t for rs in per_run.values() for res in rs for t in res.get("summary", {})})
     lines = [
         f"## lm-evaluation-harness: {label}",
@@ -126,7 +130,7 @@ def _lm_eval(label, per_run):
     return lines
 
 
-def _generic(label, per_run):
+def _generic(label: str, per_run: dict[str, list[dict]]) -> list[str]:
     keys = None
     rows = []
     for name, rs in per_run.items():
@@ -151,7 +155,7 @@ def _generic(label, per_run):
     return lines
 
 
-def speed_section(speed_json: Path, out: Path):
+def speed_section(speed_json: Path, out: Path) -> tuple[list[str], Path | None]:
     data = json.loads(speed_json.read_text())
     res = data["results"]
     att = res.get("attention")
@@ -182,7 +186,7 @@ def speed_section(speed_json: Path, out: Path):
     return lines, (img if img.exists() else None)
 
 
-def suite_sections(runs, out: Path, speed_json: str | Path | None = None) -> tuple[list[str], list[Path]]:
+def suite_sections(runs: list[Run], out: Path, speed_json: str | Path | None = None) -> tuple[list[str], list[Path]]:
     lines, images = [], []
     for label, per_run in collect(runs).items():
         if label.startswith("mqar"):

@@ -17,6 +17,10 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .runs import Run
 
 EXPERIMENT_FILE = "experiment.json"  # written by ``basecap run`` next to the run directories
 
@@ -35,7 +39,7 @@ def study_of(run_dirs: list[Path]) -> tuple[str | None, str | None]:
     return None, None
 
 
-def _commit(runs) -> tuple[str | None, dict]:
+def _commit(runs: list[Run]) -> tuple[str | None, dict]:
     """The code commit shared by every run (None when they differ), and each run's commit, dirty flag, wall-clock
     seconds (run.json's "wall", where the run recorded it) and, for a run copied from another study with
     ``--reuse``, where it came from."""
@@ -83,7 +87,7 @@ def _run_entry(name: str, row: dict, domains: list[str]) -> dict:
     }
 
 
-def build_summary(summary: dict, runs, study: str | None, size: str | None) -> dict:
+def build_summary(summary: dict, runs: list[Run], study: str | None, size: str | None) -> dict:
     """The summary.json object of a report (``summary`` from ``report.core.summarize``)."""
     commit, commits = _commit(runs)
     return _finite(
@@ -104,7 +108,7 @@ def build_summary(summary: dict, runs, study: str | None, size: str | None) -> d
     )
 
 
-def _finite(obj):
+def _finite(obj: Any) -> Any:
     """NaN and infinities become null, so the file is strict JSON."""
     if isinstance(obj, float):
         return obj if math.isfinite(obj) else None

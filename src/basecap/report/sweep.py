@@ -7,8 +7,12 @@ from __future__ import annotations
 import json
 import statistics
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..rundir import RunDir
+
+if TYPE_CHECKING:
+    from .runs import Run
 
 FIGURE = "sweep.png"
 
@@ -128,7 +132,7 @@ def sweep_plot(tuning: dict, out: Path) -> Path:
 TUNING_RUNS = "tuning_runs"  # where report --archive keeps the tuning runs' records, beside tuning.json
 
 
-def tuning_run_dir(folder: Path, name: str, seed) -> RunDir | None:
+def tuning_run_dir(folder: Path, name: str, seed: int | str) -> RunDir | None:
     """The finished tuning run ``name`` on ``seed`` (done.json; metrics plain or archived as metrics.jsonl.zst): in
     the study folder that holds tuning.json, else in its ``tuning_runs/`` (a results folder); None when neither has
     it finished (a run still training gives no gap and is not archived)."""
@@ -152,7 +156,7 @@ def fixed_vs_tuned(tuning: dict, runs_dir: Path, reference: str) -> list[dict]:
         return []
     seeds = [str(s) for s in tuning["seeds"]]
 
-    def curves(name: str, seed: str):
+    def curves(name: str, seed: str) -> Run | None:
         rd = tuning_run_dir(runs_dir, name, seed)
         if rd is None:
             return None

@@ -4,15 +4,15 @@ of ``report.analysis.summarize``; the sections of a comparison design come from 
 
 from __future__ import annotations
 
-from .analysis import _setting
+from .analysis import run_setting
 from .baselines import NEAR_UNIGRAM_NATS
 from .runs import Run
 
 
-def _markdown(summary: dict, runs: list[Run]) -> str:
+def report_markdown(summary: dict, runs: list[Run]) -> str:
     doms = summary["domains"]
     ind = set(runs[0].in_domains) if runs else set()
-    settings = {_setting(r) for r in runs}
+    settings = {run_setting(r) for r in runs}
     lines = [
         "# basecap report",
         "",

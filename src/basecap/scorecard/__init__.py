@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from ..config_base import ConfigError
 from .claims import CLAIMS_FILE, load_claims
@@ -14,8 +15,12 @@ from .compute import claim_values, comparison_key, lacking_runs, load_study, pro
 from .metrics import metric_key, metric_row
 from .predictions import predictions
 from .principle import PRINCIPLE_FILE, load_principle, principle_row
-from .robust import apply_plan, arms_of, combine, gap_along_training, plan_of, specifications
+from .robust import apply_plan, arms_of, combine, gap_along_training, pair_band, plan_of, specifications
 from .verdicts import NOT_RUN, UNTESTABLE, claim_margin, decide, claim_tests
+
+if TYPE_CHECKING:
+    from .claims import Claim, ClaimsFile
+    from .compute import Study
 
 __all__ = ["build_scorecard", "load_claims"]
 
@@ -30,7 +35,7 @@ def load_studies(results: Path) -> dict:
     return out
 
 
-def _superseded(c, claims, studies: dict, domains: list[str]):
+def _superseded(c: Claim, claims: Any, studies: dict, domains: list[str]) -> tuple[Claim, dict | None, dict | None]:
     """(the claim as the study that answers it, the superseded study's estimate or None, the superseding study
     still to come or None): a claim whose study is superseded by a published study with its runs is computed there
     and the old study's estimate is kept beside; until then it stays with the old study, and the row says what the
@@ -56,7 +61,7 @@ def _superseded(c, claims, studies: dict, domains: list[str]):
     return new, before, None
 
 
-def plans(claims, rows: list[dict]) -> dict:
+def plans(claims: Any, rows: list[dict]) -> dict:
     """How each study of the family's claims is read: its declared plan, its undeclared looks, or one look."""
     out = {}
     for study in sorted({r["study"] for r in rows if r["study"] and r.get("results") and r["study"] in claims.studies}):
@@ -73,6 +78,147 @@ def plans(claims, rows: list[dict]) -> dict:
     return out
 
 
+def _new_row(c: Claim, domains: list[str], before: dict | None, pending: dict | None) -> dict:
+    """A claim's row as the claims file states it, before any test: not run, no estimate yet."""
+    return {
+        "id": c.id,
+        "section": c.section,
+        "paper": c.paper,
+        "study": c.study,
+        "expect": c.expect,
+        "direction": c.direction,
+        "run": c.run,
+        "reference": c.reference,
+        "runs": c.runs,
+        "domains": domains,
+        "measure": c.measure,
+        "family": c.untestable is None and c.gpu is None,
+        "gpu_family": c.untestable is None and c.gpu is not None,  # the paper's GPU-scale claims: a family of their own
+        "metric": c.metric,
+        "margin": c.margin,
+        "analogue_of": c.analogue_of,
+        "claim_obj": c,
+        "test": None,
+        "verdict": NOT_RUN,
+        "detail": "",
+        "scale": None,
+        "results": None,
+        "seeds": [],
+        "values": [],
+        "reused": [],
+        "before": before,
+        "pending": pending,
+    }
+
+
+def _claim_row(c: Claim, claims: ClaimsFile, studies: dict, root: Path, copy_of: dict, seen: dict) -> dict:
+    """One claim's row: untestable, a metric claim (metrics.py), waiting for its study or some of its runs, or a
+    pair claim tested on its study's records (``_test_pair``). ``seen`` (comparison -> claim id) refuses a
+    comparison that enters the family twice."""
+    domains = c.domains or claims.domains
+    before = pending = None
+    if c.untestable is None and c.study is not None:
+        c, before, pending = _superseded(c, claims, studies, domains)
+    row = _new_row(c, domains, before, pending)
+    if c.untestable is not None:
+        row["verdict"], row["detail"] = UNTESTABLE, c.untestable
+        return row
+    assert c.study is not None and c.reference is not None  # a testable claim names both (Claim's validator)
+    study = claims.studies[c.study]
+    folder = claims.results_dir(c.study)
+    st = studies.get(folder)
+    scale_run = c.run or c.reference
+    if c.metric != "ood_gap":  # a speed ratio or an accuracy: its own records and test (metrics.py)
+        metric_row(row, c, claims, studies, root, plan_of(claims, c.study))
+        row["scale"] = scale_of_config(root, study.experiment, study.size, scale_run)
+        if row["test"] is not None:
+            key = metric_key(c)
+            if key in seen:
+                raise ConfigError(f"claim {c.id} repeats the comparison of claim {seen[key]}: a comparison enters the family once")
+            seen[key] = c.id
+        return row
+    if st is None:
+        row["scale"] = scale_of_config(root, study.experiment, study.size, scale_run)
+        row["detail"] = (
+            f"needs the paper's GPU scale: {c.gpu}"
+            if c.gpu
+            else f"experiments/paper/{study.experiment} at size {study.size} (results/{folder}/ not published yet)"
+        )
+        return row
+    lacking = lacking_runs(c.runs, st)
+    if lacking:  # a study published in part (its other runs still training): the claim waits for them
+        row["scale"], row["lacking"] = scale_of_config(root, study.experiment, study.size, scale_run), lacking
+        row["detail"] = (
+            f"results/{folder}/ is published in part: no records of {', '.join(lacking)} yet "
+            f"(experiments/paper/{study.experiment} at size {study.size})"
+        )
+        return row
+    row["results"] = folder
+    _test_pair(row, c, claims, studies, copy_of, seen)
+    return row
+
+
+def _test_pair(row: dict, c: Any, claims: ClaimsFile, studies: dict, copy_of: dict, seen: dict) -> None:
+    """Fill a pair claim's row from its published study (``row["results"]``): its per-seed gaps, its tests read by
+    the study's plan, its rate arms and controls, and the reading over them (``robust.combine``)."""
+    folder, domains = row["results"], row["domains"]
+    st = studies[folder]
+    scale_run = c.run or c.reference
+    band = _own_band(row, c, st)
+    got = claim_values(c, st, domains, band)
+    key = comparison_key(c, st, got["used"], domains)
+    if key in seen:
+        raise ConfigError(f"claim {c.id} repeats the comparison of claim {seen[key]} (the same run records): a comparison enters the family once")
+    seen[key] = c.id
+    row.update(
+        seeds=got["seeds"],
+        values=got["values"],
+        parts=got["parts"],
+        notes=got["notes"],
+        scale=scale_of_run(st.runs[next(k for k in got["used"] if k[0] == scale_run)]) if got["used"] else None,
+        reused=[{"run": f"{n}-s{s}", "copy_of": copy_of[(folder, f"{n}-s{s}")]} for n, s in got["used"] if (folder, f"{n}-s{s}") in copy_of],
+    )
+    plan = row["plan"] = plan_of(claims, c.study)
+    row["test"] = apply_plan(claim_tests(c, got["values"], claim_margin(c, claims.margin)), plan)
+    row["arms"] = arms_of(c, claims, studies, domains)
+    row["controls"] = arms_of(c, claims, studies, domains, c.controls)
+    row["study_obj"] = st
+    combine(row)
+
+
+def _own_band(row: dict, c: Claim, st: Study) -> tuple[float, float] | None:
+    """Where the claim's own comparison is read when its pair does not reach the study's band on every seed: the
+    pair's rule band, as for its rate arms (``robust.pair_band``; docs/metrics.md, "When a curve cannot reach the
+    band"). None when the band is held (or there is no band to move to: the reading then says which seeds lack it)."""
+    moved = pair_band(c, st)
+    if moved is None or moved["band"] is None:
+        return None
+    band = (float(moved["band"][0]), float(moved["band"][1]))
+    row["band"] = list(band)
+    row["band_note"] = (
+        f"read at {band[0]:.2f}-{band[1]:.2f}: the study's band is not inside the pair's common reach "
+        f"(the lowest level every seed of both runs reaches is {moved['common'][0]:.3f}; docs/metrics.md, rule band)"
+    )
+    return band
+
+
+def _read_robustness(rows: list[dict], claims: ClaimsFile) -> None:
+    """Each tested pair claim of the family under every pre-declared specification, and its gap along training."""
+    for r in rows:
+        if r["family"] and r.get("test") and r["test"]["n"] >= 2 and r["metric"] == "ood_gap":
+            specifications(r, r["claim_obj"], r["study_obj"], claims, r["domains"], claims.alpha)
+            r["gap_along_training"] = gap_along_training(r["claim_obj"], r["study_obj"], r["domains"])
+
+
+def _strip_internals(rows: list[dict]) -> None:
+    """Drop what the rows carried for the computation only (objects, plans, resamples): not part of the card."""
+    for r in rows:
+        for k in ("claim_obj", "study_obj", "plan", "decider"):
+            r.pop(k, None)
+        if r.get("test"):
+            r["test"].pop("_resampled", None)
+
+
 def build_scorecard(root: str | Path = ".", claims_path: str | Path | None = None, principle_path: str | Path | None = None) -> dict:
     """The scorecard of the claims file against the studies under ``root``/results (paths relative to ``root``),
     with the principle (principle.toml beside the claims file, when it exists) as one more claim of the family and its
@@ -85,117 +231,20 @@ def build_scorecard(root: str | Path = ".", claims_path: str | Path | None = Non
     spec = load_principle(principle_file, claims, root) if principle_file.is_file() else None
     copies = provenance(studies)
     copy_of = {(c["study"], c["run"]): c["copy_of"] for c in copies}
-    rows: list[dict] = []
     seen: dict = {}
-    for c in claims.claims:
-        domains = c.domains or claims.domains
-        before = pending = None
-        if c.untestable is None and c.study is not None:
-            c, before, pending = _superseded(c, claims, studies, domains)
-        row = {
-            "id": c.id,
-            "section": c.section,
-            "paper": c.paper,
-            "study": c.study,
-            "expect": c.expect,
-            "direction": c.direction,
-            "run": c.run,
-            "reference": c.reference,
-            "runs": c.runs,
-            "domains": domains,
-            "measure": c.measure,
-            "family": c.untestable is None and c.gpu is None,
-            "gpu_family": c.untestable is None and c.gpu is not None,  # the paper's GPU-scale claims: a family of their own
-            "metric": c.metric,
-            "margin": c.margin,
-            "analogue_of": c.analogue_of,
-            "claim_obj": c,
-            "test": None,
-            "verdict": NOT_RUN,
-            "detail": "",
-            "scale": None,
-            "results": None,
-            "seeds": [],
-            "values": [],
-            "reused": [],
-            "before": before,
-            "pending": pending,
-        }
-        rows.append(row)
-        if c.untestable is not None:
-            row["verdict"], row["detail"] = UNTESTABLE, c.untestable
-            continue
-        assert c.study is not None and c.reference is not None  # a testable claim names both (Claim's validator)
-        study = claims.studies[c.study]
-        folder = claims.results_dir(c.study)
-        st = studies.get(folder)
-        scale_run = c.run or c.reference
-        if c.metric != "ood_gap":  # a speed ratio or an accuracy: its own records and test (metrics.py)
-            metric_row(row, c, claims, studies, root, plan_of(claims, c.study))
-            row["scale"] = scale_of_config(root, study.experiment, study.size, scale_run)
-            if row["test"] is not None:
-                key = metric_key(c)
-                if key in seen:
-                    raise ConfigError(f"claim {c.id} repeats the comparison of claim {seen[key]}: a comparison enters the family once")
-                seen[key] = c.id
-            continue
-        if st is None:
-            row["scale"] = scale_of_config(root, study.experiment, study.size, scale_run)
-            row["detail"] = (
-                f"needs the paper's GPU scale: {c.gpu}"
-                if c.gpu
-                else f"experiments/paper/{study.experiment} at size {study.size} (results/{folder}/ not published yet)"
-            )
-            continue
-        lacking = lacking_runs(c.runs, st)
-        if lacking:  # a study published in part (its other runs still training): the claim waits for them
-            row["scale"], row["lacking"] = scale_of_config(root, study.experiment, study.size, scale_run), lacking
-            row["detail"] = (
-                f"results/{folder}/ is published in part: no records of {', '.join(lacking)} yet "
-                f"(experiments/paper/{study.experiment} at size {study.size})"
-            )
-            continue
-        row["results"] = folder
-        got = claim_values(c, st, domains)
-        key = comparison_key(c, st, got["used"], domains)
-        if key in seen:
-            raise ConfigError(f"claim {c.id} repeats the comparison of claim {seen[key]} (the same run records): a comparison enters the family once")
-        seen[key] = c.id
-        row.update(
-            seeds=got["seeds"],
-            values=got["values"],
-            parts=got["parts"],
-            notes=got["notes"],
-            scale=scale_of_run(st.runs[next(k for k in got["used"] if k[0] == scale_run)]) if got["used"] else None,
-            reused=[{"run": f"{n}-s{s}", "copy_of": copy_of[(folder, f"{n}-s{s}")]} for n, s in got["used"] if (folder, f"{n}-s{s}") in copy_of],
-        )
-        plan = row["plan"] = plan_of(claims, c.study)
-        row["test"] = apply_plan(claim_tests(c, got["values"], claim_margin(c, claims.margin)), plan)
-        row["arms"] = arms_of(c, claims, studies, domains)
-        row["controls"] = arms_of(c, claims, studies, domains, c.controls)
-        row["study_obj"] = st
-        combine(row)
+    rows = [_claim_row(c, claims, studies, root, copy_of, seen) for c in claims.claims]
     principle = None
     if spec is not None:
         row, principle = principle_row(spec, claims, studies, root)
         rows.append(row)
     m = decide(rows, claims.alpha, claims.power)
     m_gpu = decide(rows, claims.alpha, claims.power, family="gpu_family")
-    for r in rows:
-        if r["family"] and r.get("test") and r["test"]["n"] >= 2 and r["metric"] == "ood_gap":
-            specifications(r, r["claim_obj"], r["study_obj"], claims, r["domains"], claims.alpha)
-            r["gap_along_training"] = gap_along_training(r["claim_obj"], r["study_obj"], r["domains"])
+    _read_robustness(rows, claims)
     steps = scale_steps(root, claims, studies, rows)
-    for r in rows:
-        for k in ("claim_obj", "study_obj", "plan", "decider"):
-            r.pop(k, None)
-        if r.get("test"):
-            r["test"].pop("_resampled", None)
-    n_records = sum(len(st.runs) for st in studies.values())
+    _strip_internals(rows)
     sim_path = root / "results" / "error_control.json"
-    error_control = json.loads(sim_path.read_text(encoding="utf-8")) if sim_path.is_file() else None
     return {
-        "error_control": error_control,
+        "error_control": json.loads(sim_path.read_text(encoding="utf-8")) if sim_path.is_file() else None,
         "plans": plans(claims, [r for r in rows if r["family"]]),
         "margin": claims.margin,
         "margin_reason": " ".join(claims.margin_reason.split()),
@@ -208,7 +257,7 @@ def build_scorecard(root: str | Path = ".", claims_path: str | Path | None = Non
         "principle": principle,
         "predictions": predictions(spec, claims, studies) if spec is not None else [],
         "studies": sorted(studies),
-        "run_records": n_records,
+        "run_records": sum(len(st.runs) for st in studies.values()),
         "distinct_runs": len({fp for st in studies.values() for fp in st.fingerprints.values()}),
         "copies": copies,
     }

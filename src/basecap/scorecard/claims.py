@@ -44,7 +44,7 @@ class Study(Strict):
     looks_reason: str | None = None  # where the undeclared looks are recorded
 
     @model_validator(mode="after")
-    def _looks(self):
+    def _looks(self) -> Study:
         for key in ("looks", "looks_taken"):
             v = getattr(self, key)
             if any(n < 2 for n in v) or v != sorted(set(v)):
@@ -57,7 +57,7 @@ class Study(Strict):
 
     @field_validator("results")
     @classmethod
-    def _name(cls, v):
+    def _name(cls, v: str | None) -> str | None:
         return v if v is None else valid_name(v, "results folders")
 
 
@@ -114,11 +114,11 @@ class Claim(Strict):
 
     @field_validator("id")
     @classmethod
-    def _id(cls, v):
+    def _id(cls, v: str) -> str:
         return valid_name(v, "claim ids")
 
     @model_validator(mode="after")
-    def _design(self):
+    def _design(self) -> Claim:
         if self.untestable is not None:
             extra = [k for k in ("study", "expect", "run", "reference", "x", "gpu") if getattr(self, k) is not None]
             if extra:
@@ -218,7 +218,7 @@ class ClaimsFile(Strict):
     scale_steps: list[ScaleStep] = []
 
     @model_validator(mode="after")
-    def _check(self):
+    def _check(self) -> ClaimsFile:
         if not 0 < self.margin < 1 or not 0 < self.alpha < 0.5 or not 0.5 <= self.power < 1:
             raise ValueError("margin in (0, 1) nats, alpha in (0, 0.5), power in [0.5, 1)")
         seen = set()
@@ -332,7 +332,7 @@ def superseding_claim(claim: Claim, study: Study) -> Claim:
     """``claim`` as its study's superseding study would answer it: same test, the runs under their names there."""
     rename = study.superseding_runs
 
-    def n(name):
+    def n(name: str | None) -> str | None:
         return None if name is None else rename.get(name, name)
 
     return claim.model_copy(

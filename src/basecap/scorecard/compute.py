@@ -1,7 +1,7 @@
 """Claim -> runs -> comparison: the one place that turns a claim into one number per seed.
 
 Runs are read from a study's archived records (``results/<study>/runs/``) with the report's own reader
-(``report.runs.load_run``) and curves (``report.core._curves``), and compared with the report's own matching
+(``report.runs.load_run``) and curves (``report.analysis.curves_of``), and compared with the report's own matching
 (``report.stats.build_comparisons``), so the scorecard follows any change of the comparison design. A study with a comparison design
 (``report.design``) is compared with its design's primary measure, or the measure a claim names.
 """
@@ -13,11 +13,12 @@ import hashlib
 import json
 import math
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from ..config_base import ConfigError
-from ..report.core import _curves
+from ..report.analysis import curves_of
 from ..report.runs import Run, load_run
 from ..report.stats import SMOOTH, RunCurves, build_comparisons
 from .claims import Claim
@@ -61,6 +62,7 @@ def pair_gaps(
     domains: list[str],
     seeds: list[int] | None = None,
     measure: str = "primary",
+    *,
     band: tuple[float, float] | None = None,
 ) -> tuple[dict[str, dict[int, float]], list[str]]:
     """Per domain, {seed: value of ``measure``} of ``run`` against ``reference`` (same seed), from the report's
@@ -71,7 +73,7 @@ def pair_gaps(
         ref = study.runs.get((reference, seed))
         if name == run and ref is not None and (seeds is None or seed in seeds):
             # no per-window losses: the scorecard needs the gaps, not the evaluation-noise bootstrap
-            run_curves, ref_curves = (dataclasses.replace(_curves(x), final_windows={}) for x in (r, ref))
+            run_curves, ref_curves = (dataclasses.replace(curves_of(x), final_windows={}) for x in (r, ref))
             pairs.append((run_curves, ref_curves))
     smooth = study.summary.get("smooth") or SMOOTH
     design = study.summary.get("design")
@@ -132,8 +134,8 @@ def claim_values(claim: Claim, study: Study, domains: list[str], band: tuple[flo
     notes: list[str] = []
     parts: dict[str, dict] = {}
 
-    def gaps(run, ref):
-        g, n = pair_gaps(study, run, ref, domains, claim.seeds, claim.measure, band)
+    def gaps(run: Any, ref: Any) -> dict[int, float]:
+        g, n = pair_gaps(study, run, ref, domains, claim.seeds, claim.measure, band=band)
         notes.extend(n)
         parts[f"{run} vs {ref}"] = {d: {str(s): v for s, v in g.get(d, {}).items()} for d in domains}
         return _domain_mean(g, domains)

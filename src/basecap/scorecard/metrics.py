@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from typing import Any
 
 from scipy import stats
 
@@ -184,7 +185,7 @@ def proportion_tests(claim: Claim, run: tuple[float, int], ref: tuple[float, int
     }
 
 
-def metric_row(row: dict, claim: Claim, claims, studies: dict, root: Path, plan: Plan) -> None:
+def metric_row(row: dict, claim: Claim, claims: Any, studies: dict, root: Path, plan: Plan) -> None:
     """Fill a metric claim's row: its values and tests (``row["test"]``, p values read by ``plan`` where the units
     are seeds), or what it waits for (the row stays "not run")."""
     study = claims.studies[claim.study]

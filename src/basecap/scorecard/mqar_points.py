@@ -15,7 +15,9 @@ import fcntl
 import functools
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from ..atomic import atomic_write
 from ..config_base import ConfigError
@@ -45,7 +47,7 @@ def point_model(spec: Principle, label: str, claims: ClaimsFile, root: Path) -> 
     return {"study": point.study, "experiment": st.experiment, "size": st.size, "run": point.run, "mixer": mixer, "mlp": mlp}
 
 
-def _locked_merge(path: Path, proto: dict, update) -> dict:
+def _locked_merge(path: Path, proto: dict, update: Callable[[dict], Any] | None) -> dict:
     """Read ``path`` under an exclusive lock (a sibling .lock file), apply ``update`` to its data and write it back."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path.with_name(path.name + ".lock"), "a") as lock:
@@ -77,13 +79,14 @@ def measure(
     out: Path,
     points: list[str] | None = None,
     seeds: list[int] | None = None,
+    *,
     threads: int | None = None,
-    log=print,
+    log: Callable[..., Any] = print,
 ) -> list[dict]:
     """Train and score every (point, seed) asked for that ``out`` does not hold yet; returns the new records."""
     import torch
 
-    from ..eval.recall import train_mqar
+    from ..eval.recall import MqarTask, MqarTraining, train_mqar
     from ..rundir import git_state
 
     pr = spec.principle
@@ -106,24 +109,16 @@ def measure(
                 log(f"{label} seed {seed}: in {out} already, skipped")
                 continue
             t0 = time.perf_counter()
-            res = train_mqar(
-                model["mixer"],
-                pr.mqar.d_model,
-                pr.mqar.n_layers,
-                pr.mqar.steps,
-                BATCH_SIZE,
-                pr.mqar.lr,
-                weight_decay=WEIGHT_DECAY,
+            task = MqarTask(
                 vocab_size=VOCAB_SIZE,
                 seq_len=pr.mqar.seq_len,
                 train_kv_pairs=tuple(pr.mqar.train_kv_pairs),
                 test_kv_pairs=CURVE_KV_PAIRS,
                 num_test=NUM_TEST,
                 power_a=POWER_A,
-                seed=seed,
-                mlp=model["mlp"],
-                log=log,
             )
+            training = MqarTraining(steps=pr.mqar.steps, batch_size=BATCH_SIZE, lr=pr.mqar.lr, weight_decay=WEIGHT_DECAY)
+            res = train_mqar(model["mixer"], task, training, d_model=pr.mqar.d_model, n_layers=pr.mqar.n_layers, seed=seed, mlp=model["mlp"], log=log)
             commit, dirty = git_state()
             record = {
                 "acc_at_score": res["acc"][pr.mqar.score_kv_pairs],

@@ -14,7 +14,7 @@ margin a difference is too small to call a change of base capability (the claims
 from __future__ import annotations
 
 from .claims import Claim, ClaimsFile
-from .compute import claim_values, lacking_runs
+from .compute import Study, claim_values, lacking_runs
 from .principle import PrincipleFile
 from .verdicts import claim_tests
 
@@ -30,7 +30,7 @@ def _find_study(architecture: str, studies: dict) -> str | None:
     return (named or have or [None])[0]
 
 
-def _reading(study, run: str, domains: list[str], margin: float) -> dict:
+def _reading(study: Study, run: str, domains: list[str], margin: float) -> dict:
     c = Claim(id="prediction", section="predictions", paper="-", study=study.name, expect="no_effect", run=run, reference=REFERENCE)
     got = claim_values(c, study, domains)
     keeps = claim_tests(c, got["values"], margin)

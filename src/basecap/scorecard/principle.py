@@ -16,15 +16,16 @@ import json
 import math
 import tomllib
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 from pydantic import ValidationError, model_validator
 from scipy import stats
 
 from ..config_base import ConfigError, Strict, format_validation_error
-from .claims import Claim, ClaimsFile, experiment_path
+from .claims import Arm, Claim, ClaimsFile, experiment_path
 from .compute import claim_values, lacking_runs
+from .robust import pair_band
 from .verdicts import FAILS, HOLDS, UNDECIDED
 
 PRINCIPLE_FILE = Path("experiments/paper/principle.toml")
@@ -73,7 +74,7 @@ class Principle(Strict):
     points: list[Point]
 
     @model_validator(mode="after")
-    def _check(self):
+    def _check(self) -> Principle:
         if not -1 < self.margin < 0:
             raise ValueError(f"margin: a negative correlation in (-1, 0), got {self.margin}")
         labels = [p.label for p in self.points]
@@ -165,7 +166,7 @@ def spearman_rows(x: np.ndarray, y: np.ndarray) -> np.ndarray:
 DIGITS = 12  # means are compared to 12 decimals: a resampled mean equal in exact arithmetic ties whatever the order of its sum
 
 
-def _round(v):
+def _round(v: Any) -> Any:
     return np.round(v, DIGITS)
 
 
@@ -254,7 +255,7 @@ def decide_principle(row: dict, alpha: float, m: int) -> None:
 # ---- the points --------------------------------------------------------------------------------------------------
 
 
-def arm_a(point: Point, claims: ClaimsFile):
+def arm_a(point: Point, claims: ClaimsFile) -> Arm | None:
     """The point's arm A (the architecture at Transformer++'s rate), from the claim that compares its run with its
     reference in its study, or None when no claim gives it one."""
     for c in claims.claims:
@@ -279,10 +280,12 @@ def gaps_of(study: str, run: str, reference: str, claims: ClaimsFile, studies: d
     if lacking:
         return None, [], f"results/{folder}/ has no records of {', '.join(lacking)} yet"
     c = Claim(id="principle_point", section="principle", paper="-", study=study, expect="no_effect", run=run, reference=reference)
-    got = claim_values(c, st, claims.domains)
+    moved = pair_band(c, st)  # a pair that does not reach the study's band is read at its rule band, as a claim is
+    band = (float(moved["band"][0]), float(moved["band"][1])) if moved and moved["band"] else None
+    got = claim_values(c, st, claims.domains, band)
     if not got["values"]:
         return None, [], f"{run} vs {reference}: no seed with a gap"
-    return got["values"], got["seeds"], ""
+    return got["values"], got["seeds"], (f"read at {band[0]:.2f}-{band[1]:.2f} (rule band)" if band else "")
 
 
 def read_mqar(path: Path, spec: Principle) -> dict[str, dict]:
@@ -327,7 +330,7 @@ def principle_points(spec: Principle, claims: ClaimsFile, studies: dict, mqar: d
                 "study": p.study,
                 "run": p.run,
                 "reference": p.reference,
-                "gap": {**_summary(gaps), "seeds": seeds, "values": gaps} if gaps else None,
+                "gap": {**_summary(gaps), "seeds": seeds, "values": gaps, **({"note": why} if why else {})} if gaps else None,
                 "arm_a": {"label": arm.label if arm else "none: the tuned gap", "values": arm_gaps, **(_summary(arm_gaps) if arm_gaps else {})}
                 if arm_gaps
                 else {"label": arm.label if arm else None, "missing": arm_why},
@@ -407,33 +410,3 @@ def principle_row(spec: PrincipleFile, claims: ClaimsFile, studies: dict, root: 
         "arm_a_points": len(arm_ready),
     }
     return row, section
-
-
-def plot_principle(section: dict, path: Path) -> bool:
-    """One point per architecture: MQAR accuracy (x, 95% interval over MQAR seeds) against its gap (y, 95% interval
-    over LM seeds), labelled. False (nothing drawn) when no point has both."""
-    pts = [p for p in section["points"] if p["gap"] and p["mqar"]]
-    if not pts:
-        return False
-    import matplotlib  # only for the figure
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 5))
-    for p in pts:
-        x, y = p["mqar"]["mean"], p["gap"]["mean"]
-        lo, hi = (max(0.0, p["mqar"]["ci95"][0]), min(1.0, p["mqar"]["ci95"][1])) if p["mqar"]["ci95"] else (x, x)  # an accuracy
-        xerr = [[x - lo], [hi - x]] if p["mqar"]["ci95"] else None
-        yerr = [[y - p["gap"]["ci95"][0]], [p["gap"]["ci95"][1] - y]] if p["gap"]["ci95"] else None
-        ax.errorbar(x, y, xerr=xerr, yerr=yerr, fmt="o", color="C3" if p["missing"] else "C0", capsize=2, lw=0.8)
-        ax.annotate(p["label"], (x, y), textcoords="offset points", xytext=(4, 3), fontsize=7)
-    ax.axhline(0, color="k", lw=0.6)
-    ax.set_xlabel(f"MQAR accuracy at {section['protocol']['score_kv_pairs']} key-value pairs (mean, 95% CI over MQAR seeds)")
-    ax.set_ylabel("OOD gap against the reference, nats/token (95% CI over LM seeds)")
-    ax.set_title("Selection ability against the OOD gap", fontsize=10)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return True

@@ -3,6 +3,9 @@ predictions it makes for architectures the paper never saw."""
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 FIGURE_NAME = "principle_mqar_vs_gap.png"
 
 
@@ -63,6 +66,8 @@ def principle_markdown(card: dict) -> list[str]:
         if a.get("values") and a.get("label", "").startswith("none"):
             arm_cell = "(no arm A: the tuned gap)"
         gap = "0 (the anchor)" if p["run"] == p["reference"] else _cell(p["gap"])
+        if p["gap"] and p["gap"].get("note"):
+            gap += f" ({p['gap']['note']})"
         if p["run"] == p["reference"]:
             arm_cell = "0"
         lines.append(
@@ -100,3 +105,47 @@ def predictions_markdown(card: dict) -> list[str]:
             f"{_cell(p['arm_a'])} | {measured} | {p['called']} |"
         )
     return lines + [""]
+
+
+def _label_points(ax: Any, points: list[tuple[float, float, str]]) -> None:
+    """Label each point to its upper right; a label that would overprint one already placed moves down a line at a
+    time (in data units of the drawn axes: a line of 7-point text and a character's width, roughly)."""
+    (x0, x1), (y0, y1) = ax.get_xlim(), ax.get_ylim()
+    line, char = (y1 - y0) / 30, (x1 - x0) / 95
+    boxes: list[tuple[float, float, float]] = []  # (left, right, baseline) of each placed label
+    for x, y, label in sorted(points, key=lambda q: (-q[1], q[0])):
+        left, right, base = x + char / 2, x + char / 2 + char * len(label), y + line / 4
+        while any(left < r and lft < right and abs(base - b) < line for lft, r, b in boxes):
+            base -= line
+        boxes.append((left, right, base))
+        ax.annotate(label, (x, y), xytext=(left, base), textcoords="data", fontsize=7)
+
+
+def plot_principle(section: dict, path: Path) -> bool:
+    """One point per architecture: MQAR accuracy (x, 95% interval over MQAR seeds) against its gap (y, 95% interval
+    over LM seeds), labelled. False (nothing drawn) when no point has both."""
+    pts = [p for p in section["points"] if p["gap"] and p["mqar"]]
+    if not pts:
+        return False
+    import matplotlib  # only for the figure
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 5))
+    for p in pts:
+        x, y = p["mqar"]["mean"], p["gap"]["mean"]
+        lo, hi = (max(0.0, p["mqar"]["ci95"][0]), min(1.0, p["mqar"]["ci95"][1])) if p["mqar"]["ci95"] else (x, x)  # an accuracy
+        xerr = [[x - lo], [hi - x]] if p["mqar"]["ci95"] else None
+        yerr = [[y - p["gap"]["ci95"][0]], [p["gap"]["ci95"][1] - y]] if p["gap"]["ci95"] else None
+        ax.errorbar(x, y, xerr=xerr, yerr=yerr, fmt="o", color="C3" if p["missing"] else "C0", capsize=2, lw=0.8)
+    _label_points(ax, [(p["mqar"]["mean"], p["gap"]["mean"], p["label"]) for p in pts])
+    ax.axhline(0, color="k", lw=0.6)
+    ax.set_xlabel(f"MQAR accuracy at {section['protocol']['score_kv_pairs']} key-value pairs (mean, 95% CI over MQAR seeds)")
+    ax.set_ylabel("OOD gap against the reference, nats/token (95% CI over LM seeds)")
+    ax.set_title("Selection ability against the OOD gap", fontsize=10)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return True

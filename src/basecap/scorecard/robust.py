@@ -14,6 +14,7 @@ design, the old design's studies have only their own reading):
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 from scipy import stats
@@ -39,7 +40,7 @@ def apply_plan(t: dict, plan: Plan) -> dict:
     return t
 
 
-def read(claim: Claim, study: Study, plan: Plan, domains: list[str], margin: float, band=None) -> dict:
+def read(claim: Claim, study: Study, plan: Plan, domains: list[str], margin: float, band: tuple[float, float] | None = None) -> dict:
     """One specification of a claim: its per-seed values, tests and the p values after the study's plan."""
     got = claim_values(claim, study, domains, band)
     t = apply_plan(claim_tests(claim, got["values"], claim_margin(claim, margin)), plan)
@@ -143,7 +144,7 @@ def specifications(row: dict, claim: Claim, study: Study, claims: ClaimsFile, do
                 continue
             c = claim.model_copy(update={"measure": measure})
             try:
-                got = read(c, study, plan, domains, claims.margin, None if level == "band" else band)
+                got = read(c, study, plan, domains, claims.margin, row.get("band") if level == "band" else band)
             except (ValueError, KeyError) as e:  # a curve that does not reach the band: no reading there
                 specs.append({"spec": label, "estimate": None, "ci95": None, "n": 0, "verdict": "n/a", "detail": str(e)})
                 continue
@@ -248,7 +249,7 @@ def gap_along_training(claim: Claim, study: Study, domains: list[str]) -> dict |
     return {"band": [float(x) for x in design["band"]], "points": points}
 
 
-def plot_gap_along_training(card: dict, path) -> int:
+def plot_gap_along_training(card: dict, path: Path) -> int:
     """One panel per claim with a gap along training: the mean gap against the matched level with its 95% band over
     seeds, the study's band shaded, 0 and the margin marked (higher level = earlier in training, drawn on the left).
     Returns the number of panels."""

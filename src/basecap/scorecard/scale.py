@@ -10,11 +10,16 @@ Holm family and carries no verdict: it says whether the claim's gap keeps its si
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from scipy import stats
 
 from ..report.stats import paired_test
 from .compute import claim_values, lacking_runs, level_band, scale_of_config, scale_of_run
+
+if TYPE_CHECKING:
+    from .claims import Claim
+    from .compute import Study
 
 # where else a step reads its gap, at both sizes (the specifications of docs/metrics.md, "Robust verdicts"): each
 # size at the lowest level every curve of its pair reaches, and at the level its slowest run reaches at half of
@@ -47,7 +52,7 @@ def reading(test: dict | None, sign: int) -> str:
     return f"the 95% interval {side}: {'the paper' + chr(39) + 's direction' if (lo > 0) == (sign > 0) else 'against the paper'}"
 
 
-def scale_steps(root: Path, claims, studies: dict, rows: list[dict]) -> list[dict]:
+def scale_steps(root: Path, claims: Any, studies: dict, rows: list[dict]) -> list[dict]:
     """One entry per scale step: the claim's gap at its own size (from its row) and at the step's size."""
     out = []
     for step in claims.scale_steps:
@@ -115,7 +120,7 @@ def scale_steps(root: Path, claims, studies: dict, rows: list[dict]) -> list[dic
     return out
 
 
-def _at_level(claim, study, level: str, domains: list[str]) -> dict | None:
+def _at_level(claim: Claim, study: Study, level: str, domains: list[str]) -> dict | None:
     band = level_band(claim, study, level)
     if band is None:
         return None
@@ -126,7 +131,7 @@ def _at_level(claim, study, level: str, domains: list[str]) -> dict | None:
     return {"band": [round(band[0], 4), round(band[1], 4)], "values": got["values"], "test": _test(got["values"]) if got["values"] else None}
 
 
-def step_levels(base_claim, base, step_claim, step, domains: list[str]) -> list[dict]:
+def step_levels(base_claim: Claim, base: Study, step_claim: Claim, step: Study, domains: list[str]) -> list[dict]:
     """The step's gap and its own size's at each of STEP_LEVELS, with the Welch difference (step minus own size)."""
     out = []
     for label, level in STEP_LEVELS:

@@ -76,7 +76,7 @@ def _family(card: dict) -> list[SimpleNamespace]:
     return out
 
 
-def _one(claims, deltas, rng, alpha: float, look: bool, old_rule: bool) -> bool:
+def _one(claims: list[SimpleNamespace], deltas: list[float], rng: np.random.Generator, alpha: float, look: bool, old_rule: bool) -> bool:
     pairs = []
     for c, d in zip(claims, deltas):
         if not c.run:

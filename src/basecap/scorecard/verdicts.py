@@ -24,6 +24,7 @@ chance of any false verdict, 'holds' or 'fails', is at most alpha (Shaffer 1986)
 from __future__ import annotations
 
 import math
+from typing import Any
 
 from scipy import stats
 
@@ -34,7 +35,7 @@ HOLDS, FAILS, UNDECIDED, NOT_RUN, UNTESTABLE = "holds", "fails", "undecided", "n
 LEAN = {"pair": ("worse", "better"), "trend": ("rises", "falls"), "interaction": ("larger", "smaller")}
 
 
-def claim_margin(claim, margin: float) -> float:
+def claim_margin(claim: Any, margin: float) -> float:
     """The margin of a claim's statistic: the gap margin, or for a trend the slope that changes the gap by the
     margin over the whole range of x (per doubling of x); a claim with another metric states its own (a speed
     ratio's is tested as its log)."""
@@ -48,11 +49,11 @@ def claim_margin(claim, margin: float) -> float:
     return margin
 
 
-def _design(claim) -> str:
+def _design(claim: Any) -> str:
     return claim.expect if claim.expect in ("trend", "interaction") else "pair"
 
 
-def _lean_words(claim) -> tuple[str, str]:
+def _lean_words(claim: Any) -> tuple[str, str]:
     """The words for a positive and a negative estimate (a higher accuracy or speed is better)."""
     up, down = LEAN[_design(claim)]
     return (down, up) if claim.higher_is_better else (up, down)
@@ -68,7 +69,7 @@ def corrected_interval(t: dict, level: float) -> tuple[float, float] | None:
     return simultaneous_ci(t["n"], t["mean"], t["sd"], 1, 1 - level)
 
 
-def claim_tests(claim, values: list[float], margin: float) -> dict:
+def claim_tests(claim: Any, values: list[float], margin: float) -> dict:
     """Estimate, 95% interval and the two uncorrected tests of one claim's per-seed values (nominal p values: the
     study's plan and the family are applied later)."""
     t = paired_test(values)
@@ -115,7 +116,7 @@ def family_adjust(tests: list[tuple[float, float]]) -> list[tuple[float, float, 
     return [(a[0], a[1], d[0], d[1]) for a, d in zip(adj, div)]
 
 
-def interval_level(claim, a: float) -> float:
+def interval_level(claim: Any, a: float) -> float:
     """The two-sided confidence level whose interval agrees with a test at level ``a``: 1 - a for a direction's and
     for the 'fails' tests, 1 - 2a for TOST and the interval test of 'small' (both one-sided at a)."""
     return 1 - 2 * a if claim.sign == 0 or claim.expect == "small" else 1 - a
@@ -163,12 +164,12 @@ def decide(rows: list[dict], alpha: float, power: float, family: str = "family")
         else:
             r["verdict"] = UNDECIDED
             _undecided(r, claim, t, r["plan"].nominal_level(alpha / m, t["n"]), power)
-        if r.get("arm_note"):
-            r["detail"] = "; ".join(x for x in (r["detail"], r["arm_note"]) if x)
+        notes = (r["detail"], r.get("band_note"), r.get("arm_note"))
+        r["detail"] = "; ".join(x for x in notes if x)
     return m
 
 
-def _undecided(r: dict, claim, t: dict, a: float, power: float) -> None:
+def _undecided(r: dict, claim: Any, t: dict, a: float, power: float) -> None:
     """What an undecided claim could have detected and what would decide it, at the family's first Holm level a
     (alpha/m): the minimum detectable effect (a direction) or the smallest equivalence margin provable (no_effect)
     at 80% power with the observed seed sd, and the seeds at which the holds or the fails test reaches that power if

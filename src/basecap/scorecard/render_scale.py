@@ -1,0 +1,84 @@
+"""The scale steps as text: a claim measured again at a larger size, outside the family (SCORECARD.md's section,
+and the rows a study README shows for a step on its runs)."""
+
+from __future__ import annotations
+
+from .render_cells import ci_text, link_text, number_text, p_text, scale_text
+
+
+def step_rows(step: dict, prefix: str = "") -> list[str]:
+    """A scale step as two table rows: the claim at its own size, then at the step's (or what it is waiting for)."""
+    b = step["base"]
+    bt = b["test"] or {}
+    out = [
+        f"| `{step['claim']}` | {b['size']} | {scale_text(b['scale'])} | {link_text(b['study'], b['results'], prefix)} | "
+        f"{number_text(bt.get('mean'))} {ci_text(bt.get('ci95'))} | {len(b['seeds']) or '-'} | the claim's own size (its row in the family) |"
+    ]
+    t = step["test"] or {}
+    if step["status"] == "measured":
+        d = step["difference"]
+        diff = f"; minus the {b['size']} gap: {number_text(d['mean'])} {ci_text(d['ci95'])} (Welch p {p_text(d['p'])})" if d else ""
+        est, note = f"{number_text(t.get('mean'))} {ci_text(t.get('ci95'))}", f"{step['reading']}{diff}"
+    else:
+        est, note = "-", f"{step['status']}: {step['detail']}"
+    out.append(
+        f"| `{step['claim']}` | {step['size']} | {scale_text(step['scale'])} | {link_text(step['study'], step['results'], prefix)} | "
+        f"{est} | {len(step['seeds']) or '-'} | {note} |"
+    )
+    return out
+
+
+def step_level_rows(step: dict) -> list[str]:
+    """A measured step's gap at both sizes at each other level (lowest common level, half of training)."""
+
+    def cell(x: dict | None) -> str:
+        if not x or not x.get("test"):
+            return "-"
+        t = x["test"]
+        return f"{number_text(t['mean'])} {ci_text(t['ci95'])} at {x['band'][0]:.2f}-{x['band'][1]:.2f} ({t['n']} seeds)"
+
+    out = []
+    for lv in step.get("levels") or []:
+        d = lv["difference"]
+        diff = f"{number_text(d['mean'])} {ci_text(d['ci95'])} (Welch p {p_text(d['p'])})" if d else "-"
+        out.append(f"| `{step['claim']}` | {lv['label']} | {cell(lv['base'])} | {cell(lv['step'])} | {diff} |")
+    return out
+
+
+STEP_HEADER = ["| claim | size | scale | study | gap [95% CI] | seeds | reading |", "|---|---|---|---|---|---|---|"]
+
+
+def scale_markdown(card: dict) -> list[str]:
+    """SCORECARD.md's section on the scale steps (none: no section)."""
+    steps = card.get("scale_steps") or []
+    if not steps:
+        return []
+    lines = [
+        "",
+        "## Scale steps (outside the family)",
+        "",
+        "A claim measured again at a larger size, with the same design and band: its gap with an uncorrected 95% "
+        "interval, and the difference from the gap at the claim's own size (Welch's interval: the sizes' runs are "
+        "independent trainings). No Holm correction and no verdict: a step says whether a gap keeps its size as the "
+        "model and its training tokens grow. " + " ".join(f"`{s['claim']}` at {s['size']}: {s['why']}" for s in steps),
+        "",
+        *STEP_HEADER,
+    ]
+    for step in steps:
+        lines += step_rows(step)
+    levels = [row for step in steps for row in step_level_rows(step)]
+    if levels:
+        size = next(s["size"] for s in steps if s.get("levels"))
+        base = next(s["base"]["size"] for s in steps if s.get("levels"))
+        lines += [
+            "",
+            "The same steps read at each size's lowest common level (the band from the lowest level every curve of the "
+            "pair reaches) and at half of training (the band centred on the level the slower run reaches at its fork "
+            "at 50%), so that a step is compared at the same level, at the same fraction of training, and where each "
+            "size's curves end:",
+            "",
+            f"| claim | where | {base} | {size} | difference (larger minus smaller) |",
+            "|---|---|---|---|---|",
+            *levels,
+        ]
+    return lines
