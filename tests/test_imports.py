@@ -94,7 +94,7 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 # the layers of docs/architecture.md, bottom first: a module may import its own layer and the ones below
 LAYERS = [
-    ["config_base", "atomic", "ops", "kernels", "distributed", "presets"],
+    ["config_base", "atomic", "records", "ops", "kernels", "distributed", "presets"],
     ["data", "mixers", "tracking"],
     ["model", "matching", "config"],
     ["rundir", "checkpoint", "peak"],

@@ -70,7 +70,7 @@ def test_a_torn_last_metrics_line_is_dropped_with_a_warning(tmp_path):
 
 def test_a_damaged_middle_metrics_line_is_an_error_naming_it(tmp_path):
     rd = RunDir(tmp_path)
-    rd.metrics_path.write_text('{"step": 1}\n{"step": 2, oops\n{"step": 3}\n')
+    rd.metrics_path.write_text('{"kind": "train", "step": 1}\n{"step": 2, oops\n{"kind": "train", "step": 3}\n')
     with pytest.raises(ValueError, match=r"metrics.jsonl:2: not valid JSON"):
         rd.read_metrics()
     with pytest.raises(ValueError, match=r"metrics.jsonl:2"):

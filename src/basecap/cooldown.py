@@ -18,11 +18,12 @@ removed once its point is recorded. With ``keep_cooldown_weights`` the branch's 
 from __future__ import annotations
 
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from .checkpoint import latest_good_checkpoint, list_checkpoints, restore, save_checkpoint
+from .records import ANNEAL, EVAL, AnnealRecord, LevelRecord, MetricsRecord, PointRecord
 from .rundir import matched_loss
 
 if TYPE_CHECKING:
@@ -33,16 +34,16 @@ def branch_root(run_path: Path, fork: int) -> Path:
     return run_path / "cooldown" / f"step_{fork:08d}"
 
 
-def level_record(rec: dict, domains: list[str]) -> dict:
+def level_record(rec: PointRecord, domains: list[str]) -> LevelRecord:
     """What ``level_forks`` reads of an evaluation or annealed point: kind, step, in-domain loss, and the loss and
     token count of each domain of ``train.cooldown_level_domains``."""
-    out = {k: rec[k] for k in ("kind", "step", "in_domain_loss")}
+    out: LevelRecord = {"kind": rec["kind"], "step": rec["step"], "in_domain_loss": rec["in_domain_loss"]}
     if domains:
-        out["domains"] = {d: {k: rec["domains"][d][k] for k in ("loss", "tokens")} for d in domains if d in rec["domains"]}
+        out["domains"] = {d: {"loss": rec["domains"][d]["loss"], "tokens": rec["domains"][d]["tokens"]} for d in domains if d in rec["domains"]}
     return out
 
 
-def level_forks(train_cfg: TrainConfig, records: list[dict]) -> dict[int, list[float]]:
+def level_forks(train_cfg: TrainConfig, records: Sequence[LevelRecord] | Sequence[MetricsRecord]) -> dict[int, list[float]]:
     """The forks ``train.cooldown_levels`` places, from the run's records: fork step -> the levels it serves.
 
     Replayed in order of the main run's evaluations (so a resumed run decides as the uninterrupted one did): at an
@@ -59,12 +60,12 @@ def level_forks(train_cfg: TrainConfig, records: list[dict]) -> dict[int, list[f
     evals: dict[int, float] = {}
     anneals: list[tuple[int, float]] = []
     for r in records:
-        if r.get("kind") not in ("eval", "anneal"):
+        if r["kind"] not in (EVAL, ANNEAL):
             continue
         x = matched_loss(r, on)
         if x is None:
             raise ValueError(f"train.cooldown_level_domains={on}: the {r['kind']} record of step {r['step']} has no loss on them")
-        if r["kind"] == "eval":
+        if r["kind"] == EVAL:
             evals[r["step"]] = x
         else:
             anneals.append((r["step"], x))
@@ -84,16 +85,16 @@ def level_forks(train_cfg: TrainConfig, records: list[dict]) -> dict[int, list[f
     return out
 
 
-def forks_at(train_cfg: TrainConfig, step: int, records: list[dict]) -> bool:
+def forks_at(train_cfg: TrainConfig, step: int, records: list[LevelRecord]) -> bool:
     """Whether the run forks a branch after ``step`` steps: a step of ``cooldowns``, or a level fork there."""
     return step in train_cfg.cooldowns or (bool(train_cfg.cooldown_levels) and step in level_forks(train_cfg, records))
 
 
-def pending_fork(cfg: RunConfig, start: int, records: list[dict]) -> int | None:
+def pending_fork(cfg: RunConfig, start: int, records: list[LevelRecord]) -> int | None:
     """The fork whose branch a run resuming at ``start`` still owes (its point not recorded yet), else None."""
     if not forks_at(cfg.train, start, records):
         return None
-    done = {r["step"] for r in records if r.get("kind") == "anneal"}
+    done = {r["step"] for r in records if r["kind"] == ANNEAL}
     return None if start in done else start
 
 
@@ -108,10 +109,10 @@ def run_branch(
     run: Any,
     fork: int,
     step_fn: Callable[..., Any],
-    evaluate_fn: Callable[..., dict],
+    evaluate_fn: Callable[..., PointRecord],
     lr_fn: Callable[[int, int, float, float], float],
     log: Callable[[str], Any],
-) -> dict:
+) -> AnnealRecord:
     """Train, evaluate and record the branch forked after ``fork`` steps, then put the run back at ``fork``.
     ``step_fn(run, step, lr)`` is the trainer's optimizer step, ``evaluate_fn(run, step, kind, extra)`` its
     evaluation, ``lr_fn(k, length, start_lr, floor)`` the decay. Returns the recorded point."""
@@ -142,7 +143,7 @@ def run_branch(
     levels = level_forks(tc, run.history).get(fork)
     if levels:
         extra["levels"] = levels  # placed by train.cooldown_levels
-    rec = evaluate_fn(run, fork, "anneal", extra)
+    rec = cast(AnnealRecord, evaluate_fn(run, fork, ANNEAL, extra))
     if tc.keep_cooldown_weights:  # the checkpoint writer's full weights (tied embeddings and FSDP shards handled there)
         final = Path(save_checkpoint(root, fork + length, run.model, run.opt, {"cooldown_of": fork}, keep=1, env=run.env))
         if run.env.is_main:

@@ -24,13 +24,15 @@ from pathlib import Path
 
 from .atomic import atomic_write
 from .config_base import ConfigError
+from .records import EVAL, TRAIN, AnnealRecord, MetricsRecord, annealed_steps, anneals, evals
 from .rundir import RunDir, git_state
 
 TIMINGS = ("tokens_per_s", "mfu")
 
 
-def _main_records(records: list[dict], upto: int) -> list[dict]:
-    return [{k: v for k, v in r.items() if k not in TIMINGS} for r in records if r["kind"] in ("train", "eval") and r["step"] <= upto]
+def _main_records(records: list[MetricsRecord], upto: int) -> list[dict]:
+    """The main run's records up to ``upto`` (no annealed points), without the timings (a replay is not timed alike)."""
+    return [{k: v for k, v in r.items() if k not in TIMINGS} for r in records if r["kind"] in (TRAIN, EVAL) and r["step"] <= upto]
 
 
 def _finished(run_dir: str | Path) -> tuple[RunDir, dict]:
@@ -42,14 +44,14 @@ def _finished(run_dir: str | Path) -> tuple[RunDir, dict]:
     return rd, rd.read_info()
 
 
-def _replay(rd: RunDir, info: dict, steps: list[int], corpus, log, flag: str) -> tuple[list[dict], int]:
+def _replay(rd: RunDir, info: dict, steps: list[int], corpus, log, flag: str) -> tuple[list[AnnealRecord], int]:
     """Replay the run to the last of ``steps`` with branches forked at each, check it against the run's records and
     insert the points into them; returns (the points, the number of records checked)."""
     from .config import validate_run
     from .train import train
 
     records = rd.read_metrics()
-    done = [s for s in steps if any(r["kind"] == "anneal" and r["step"] == s for r in records)]
+    done = [s for s in steps if s in annealed_steps(records)]
     if done:
         raise ConfigError(f"{rd.path}: already has an annealed point forked at step {done[0]}")
     # the run's config forking only at ``steps``: validated as any config (each fork inside the run, with a step of decay)
@@ -70,8 +72,8 @@ def _replay(rd: RunDir, info: dict, steps: list[int], corpus, log, flag: str) ->
             f"({len(have)} replayed, {len(want)} recorded): the run cannot be rebuilt exactly here, so no point was added "
             f"(the scratch folder {scratch} is kept for a look)"
         )
-    points = [r for r in got if r["kind"] == "anneal"]
-    merged = list(records)
+    points = anneals(got)
+    merged: list[MetricsRecord] = list(records)
     for point in points:  # each where a branch trained in the run would stand: after the run's records of its fork step
         at = max(i for i, r in enumerate(merged) if r["step"] <= point["step"]) + 1
         merged.insert(at, point)
@@ -83,7 +85,7 @@ def _replay(rd: RunDir, info: dict, steps: list[int], corpus, log, flag: str) ->
     return points, len(want)
 
 
-def add_forks(run_dir: str | Path, steps: list[int], corpus=None, log=print) -> list[dict]:
+def add_forks(run_dir: str | Path, steps: list[int], corpus=None, log=print) -> list[AnnealRecord]:
     """Add the annealed points of branches forked after each of ``steps`` to the finished run in ``run_dir`` (one
     replay, to the last of them); returns the points."""
     from .config import validate_run
@@ -99,7 +101,7 @@ def add_forks(run_dir: str | Path, steps: list[int], corpus=None, log=print) -> 
     return points
 
 
-def add_level_forks(run_dir: str | Path, levels: list[float], corpus=None, log=print, domains: list[str] | None = None) -> list[dict]:
+def add_level_forks(run_dir: str | Path, levels: list[float], corpus=None, log=print, domains: list[str] | None = None) -> list[AnnealRecord]:
     """Add the forks ``train.cooldown_levels`` would have placed for ``levels`` to the finished run in ``run_dir``;
     returns the points added (a level served at a step the run already forked at adds none). ``domains``: the
     levels are losses on these domains (``train.cooldown_level_domains``), not the in-domain loss."""
@@ -115,26 +117,26 @@ def add_level_forks(run_dir: str | Path, levels: list[float], corpus=None, log=p
             f"{rd.path}: its levels {cfg.train.cooldown_levels} are on {cfg.train.cooldown_level_domains or 'the in-domain loss'}; "
             f"levels on {on or 'the in-domain loss'} cannot be added beside them (one coordinate per run)"
         )
-    known = {d for r in rd.read_metrics() if r.get("kind") == "eval" for d in r.get("domains", {})}
+    known = {d for r in evals(rd.read_metrics()) for d in r["domains"]}
     off = [d for d in on if d not in known]
     if off:
         raise ConfigError(f"{rd.path}: --level-on {off}: the run's evaluations have no such domain; they have {sorted(known)}")
     levels = sorted({*cfg.train.cooldown_levels, *levels}, reverse=True)
     train_over = {**info["config"]["train"], "cooldown_levels": levels, "cooldown_level_domains": on}
     tc = validate_run({**info["config"], "train": train_over}, prefix="--level").train
-    added: list[dict] = []
+    added: list[AnnealRecord] = []
     checks: list[int] = []
     while True:  # one fork at a time: its point may change where the next level is placed, as it would in training
         records = rd.read_metrics()
         placed = level_forks(tc, records)
-        forked = {r["step"] for r in records if r["kind"] == "anneal"}
+        forked = annealed_steps(records)
         new = sorted(s for s in placed if s not in forked)
         if not new:
             break
         points, checked = _replay(rd, info, new[:1], corpus, log, "--level")
         added += points
         checks.append(checked)
-    marks = [r for r in records if r["kind"] == "anneal" and r.get("levels") != placed.get(r["step"], r.get("levels"))]
+    marks = [r for r in anneals(records) if r.get("levels") != placed.get(r["step"], r.get("levels"))]
     for r in marks:
         r["levels"] = placed[r["step"]]  # as the branch records it when the run places it itself
     if marks:

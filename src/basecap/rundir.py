@@ -35,14 +35,15 @@ import shutil
 import subprocess
 import sys
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from .atomic import atomic_write, fsync, write_json  # the run directory's writes
+from .records import EvalRecord, MetricsRecord, check_record, eval_at
 
 if TYPE_CHECKING:
     import torch
@@ -54,7 +55,7 @@ class RunDirBusy(RuntimeError):
     """Another process holds the run directory's lock."""
 
 
-def matched_loss(rec: dict, domains: list[str] | None) -> float | None:
+def matched_loss(rec: Mapping[str, Any], domains: list[str] | None) -> float | None:
     """A record's loss on the matching coordinate: its in-domain loss, or the token-weighted loss of ``domains``
     (None where the record lacks one of them)."""
     if not domains:
@@ -233,7 +234,7 @@ class RunDir:
         write_json(self.info_path, info)
 
     # ---- metrics.jsonl ----------------------------------------------------------------------
-    def append_metrics(self, rec: dict) -> None:
+    def append_metrics(self, rec: MetricsRecord) -> None:
         with open(self.metrics_path, "a") as f:
             f.write(json.dumps(rec) + "\n")
 
@@ -242,10 +243,10 @@ class RunDir:
         if self.metrics_path.exists():
             fsync(self.metrics_path)
 
-    def _metric_lines(self) -> list[tuple[str, dict]]:
+    def _metric_lines(self) -> list[tuple[str, MetricsRecord]]:
         """(line, record) for every record, from metrics.jsonl, else from metrics.jsonl.zst. An unparseable
         last line (an append cut short by a kill or a full disk) is dropped with a warning; one anywhere else
-        is an error naming its line."""
+        is an error naming its line, as is a record that is not one (``records.check_record``)."""
         if self.metrics_path.exists():
             path, text = self.metrics_path, self.metrics_path.read_text()
         elif self.metrics_archive_path.exists():
@@ -256,14 +257,16 @@ class RunDir:
         out = []
         for k, (i, line) in enumerate(lines):
             try:
-                out.append((line, json.loads(line)))
+                raw = json.loads(line)
             except json.JSONDecodeError:
                 if k < len(lines) - 1:
                     raise ValueError(f"{path}:{i}: not valid JSON (a record in the middle of the file is damaged)") from None
                 warnings.warn(f"{path}:{i}: dropping a torn last record (an append was cut short)", stacklevel=2)
+                continue
+            out.append((line, check_record(raw, f"{path}:{i}")))
         return out
 
-    def read_metrics(self) -> list[dict]:
+    def read_metrics(self) -> list[MetricsRecord]:
         return [rec for _, rec in self._metric_lines()]
 
     def truncate_metrics(self, step: int) -> None:
@@ -271,7 +274,7 @@ class RunDir:
         (metrics.jsonl.zst) become plain metrics.jsonl again, which training appends to."""
         if not self.has_metrics():
             return
-        keep = [line for line, rec in self._metric_lines() if rec.get("step", 0) <= step]
+        keep = [line for line, rec in self._metric_lines() if rec["step"] <= step]
         atomic_write(self.metrics_path, "".join(line + "\n" for line in keep))
         self.metrics_archive_path.unlink(missing_ok=True)
 
@@ -334,20 +337,21 @@ class RunDir:
     def read_done(self) -> dict | None:
         return json.loads(self.done_path.read_text()) if self.done_path.exists() else None
 
-    def _eval_record(self, step: int) -> dict | None:
+    def _eval_record(self, step: int) -> EvalRecord | None:
         """The last evaluation record (kind "eval") at ``step`` in metrics.jsonl, or None."""
-        return next((r for r in reversed(self.read_metrics()) if r.get("kind") == "eval" and r.get("step") == step), None)
+        return eval_at(self.read_metrics(), step)
 
     def short_done(self, done: dict) -> dict:
         """``done`` without the copy of the final evaluation's per-domain results that runs finished before 2026-12-05
         kept in it: {"steps", "final": the record's other fields}. Kept whole when metrics.jsonl lacks that record
         (nothing is dropped that is not held elsewhere)."""
-        final = done.get("final") or {}
-        if "domains" not in final or self._eval_record(done["steps"]) != final:
+        final: dict[str, Any] = done.get("final") or {}
+        rec = self._eval_record(done["steps"]) if "domains" in final else None
+        if rec is None or dict(rec) != final:
             return done
         return {**done, "final": {k: v for k, v in final.items() if k != "domains"}}
 
-    def final_eval(self) -> dict | None:
+    def final_eval(self) -> EvalRecord | None:
         """A finished run's final evaluation record (kind "eval" at done.json's step count), whole: done.json's "final"
         where it holds the per-domain results (runs finished before 2026-12-05), else the record in metrics.jsonl.
         None when the run has not finished."""
@@ -355,13 +359,13 @@ class RunDir:
         if done is None:
             return None
         if "domains" in (done.get("final") or {}):
-            return done["final"]
+            return cast(EvalRecord, done["final"])
         rec = self._eval_record(done["steps"])
         if rec is None:
             raise ValueError(f"{self.path}: its final evaluation (step {done['steps']}, done.json) is not in its metrics records")
         return rec
 
-    def write_done(self, steps: int, final: dict) -> None:
+    def write_done(self, steps: int, final: Mapping[str, Any]) -> None:
         """done.json: the step count and ``final``, the final evaluation record (already in metrics.jsonl), without its
         per-domain results."""
         write_json(self.done_path, {"steps": steps, "final": {k: v for k, v in final.items() if k != "domains"}})

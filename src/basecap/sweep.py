@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +26,7 @@ TUNING_FILE = "tuning.json"
 SPLIT = "validation"
 
 
-def validation_loss(record: dict, run_id: str) -> float:
+def validation_loss(record: Mapping[str, Any], run_id: str) -> float:
     """What a value is chosen on: a tuning run's final in-domain loss on the validation split. Only
     ``split`` and ``in_domain_loss`` of the evaluation record are read, never its per-domain (OOD) losses."""
     if record.get("split") != SPLIT:
@@ -83,7 +83,7 @@ def tune(
     exp: ExperimentConfig,
     runs: list[RunConfig],
     out: Path,
-    train_fn: Callable[[RunConfig, Path], dict],
+    train_fn: Callable[[RunConfig, Path], Mapping[str, Any]],
     only: list[str] | None = None,
     log=print,
     *,

@@ -31,10 +31,11 @@ import zlib
 from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterable, Iterator, Mapping, cast
 
 from .config_base import ConfigError
 from .atomic import write_json
+from .records import EVAL, TRAIN, MetricsRecord
 
 LOGGERS = ("jsonl", "tensorboard", "wandb")
 # logger -> (module that must be importable, extra of basecap that installs it)
@@ -69,14 +70,15 @@ def check_loggers(names: Iterable[str]) -> tuple[str, ...]:
     return names
 
 
-def scalars(rec: dict) -> dict[str, float]:
+def scalars(rec: MetricsRecord) -> dict[str, float]:
     """A metrics record as tag -> value: ``train/{loss,lr,grad_norm,tokens_per_s,mfu}`` for a training step;
     ``eval/in_domain_loss`` and ``eval/<domain>/{loss,bpb}`` for an evaluation. Other kinds give nothing."""
-    if rec.get("kind") == "train":
-        return {f"train/{k}": float(rec[k]) for k in ("loss", "lr", "grad_norm", "tokens_per_s", "mfu") if k in rec}
-    if rec.get("kind") == "eval":
-        out = {"eval/in_domain_loss": float(rec["in_domain_loss"])} if "in_domain_loss" in rec else {}
-        for domain, res in rec.get("domains", {}).items():
+    fields = cast(Mapping[str, Any], rec)  # by name, as written: a record of an older basecap may lack a field
+    if fields.get("kind") == TRAIN:
+        return {f"train/{k}": float(fields[k]) for k in ("loss", "lr", "grad_norm", "tokens_per_s", "mfu") if k in fields}
+    if fields.get("kind") == EVAL:
+        out = {"eval/in_domain_loss": float(fields["in_domain_loss"])} if "in_domain_loss" in fields else {}
+        for domain, res in (fields.get("domains") or {}).items():
             out.update({f"eval/{domain}/{k}": float(res[k]) for k in ("loss", "bpb") if k in res})
         return out
     return {}
@@ -89,7 +91,7 @@ class Tracker:
     def __init__(self, sinks: list | None = None):
         self.sinks = sinks or []
 
-    def log(self, rec: dict):
+    def log(self, rec: MetricsRecord) -> None:
         for s in self.sinks:
             s.log(rec)
 
@@ -117,7 +119,7 @@ def open_loggers(
     name: str,
     group: str | None = None,
     config: dict | None = None,
-    history: Iterable[dict] = (),
+    history: Iterable[MetricsRecord] = (),
     enabled: bool = True,
 ) -> Tracker:
     """Open the loggers ``names`` (``jsonl`` is written by the trainer and needs nothing here) for the run in
@@ -139,7 +141,7 @@ def open_loggers(
 class TensorBoardSink:
     """Scalars into ``<run_dir>/tensorboard/`` through ``torch.utils.tensorboard.SummaryWriter``."""
 
-    def __init__(self, run_dir: Path, *, config: dict | None = None, history: Iterable[dict] = ()):
+    def __init__(self, run_dir: Path, *, config: dict | None = None, history: Iterable[MetricsRecord] = ()):
         from torch.utils.tensorboard import SummaryWriter
 
         self.dir = Path(run_dir) / TENSORBOARD_DIR
@@ -154,7 +156,7 @@ class TensorBoardSink:
         for rec in history:
             self.log(rec)
 
-    def log(self, rec: dict):
+    def log(self, rec: MetricsRecord) -> None:
         step = rec["step"]
         if step <= self.held:
             return
@@ -185,7 +187,7 @@ class WandbSink:
         name: str,
         group: str | None = None,
         config: dict | None = None,
-        history: Iterable[dict] = (),
+        history: Iterable[MetricsRecord] = (),
         mode: str | None = None,
     ):
         import wandb
@@ -216,7 +218,7 @@ class WandbSink:
         for rec in history:
             self.log(rec)
 
-    def log(self, rec: dict):
+    def log(self, rec: MetricsRecord) -> None:
         step = rec["step"]
         values = scalars(rec)
         if step > self.held and values:

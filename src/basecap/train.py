@@ -22,7 +22,7 @@ import time
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, Callable
+from typing import Any, Callable, Literal, cast
 
 import torch
 
@@ -34,6 +34,7 @@ from .config_base import ConfigError
 from .distributed import DistEnv, grad_sync, init_distributed, mean_across_ranks, wrap
 from .eval.ood import DomainEvaluator, in_domain_loss
 from .model import build_model
+from .records import EVAL, TRAIN, AnnealRecord, LevelRecord, MetricsRecord, PointRecord, TrainRecord, eval_at, points, trains
 from .peak import PEAK_MATMUL_SIZE, matmul_peak_flops, mfu_fields, mfu_text, peak_flops  # noqa: F401 - re-exported
 from .rundir import RunDir, environment_info
 from .tracking import Tracker, check_loggers, open_loggers
@@ -124,7 +125,7 @@ class _Run:
     bar: Any = None  # tqdm progress bar on rank 0
     wall: dict = field(default_factory=dict)  # run.json's "wall": the sessions whose work the records keep
     t0: float = field(default_factory=time.perf_counter)  # this session's start
-    history: list[dict] = field(default_factory=list)  # evaluations and annealed points so far (cooldown.level_record): where level forks go
+    history: list[LevelRecord] = field(default_factory=list)  # evaluations and annealed points so far (cooldown.level_record): where level forks go
 
     def lr_at(self, step: int) -> float:
         return lr_at(step, self.cfg.train)
@@ -134,9 +135,9 @@ class _Run:
         return self.cfg.train.batch_size * self.cfg.data.seq_len
 
 
-def train(cfg: RunConfig, run_dir, corpus=None, log=print, stop_at: int | None = None) -> dict:
+def train(cfg: RunConfig, run_dir, corpus=None, log=print, stop_at: int | None = None) -> PointRecord | dict[str, Any]:
     """Train one run into ``run_dir`` (resuming from its last good checkpoint) and return the final
-    evaluation record. A finished run is not trained again. ``cfg`` is a resolved run config. ``stop_at``: leave
+    evaluation record ({} when ``stop_at`` left it unfinished before any evaluation). A finished run is not trained again. ``cfg`` is a resolved run config. ``stop_at``: leave
     after that many steps (and a branch forked there), unfinished: ``basecap.replay`` rebuilds a run's state so."""
     check_loggers(cfg.train.loggers)  # a missing optional package fails before any compute
     device, amp_dtype = resolve_device(cfg, int(os.environ.get("LOCAL_RANK", "0")))
@@ -145,7 +146,7 @@ def train(cfg: RunConfig, run_dir, corpus=None, log=print, stop_at: int | None =
         return _train(cfg, RunDir(run_dir), env, device, amp_dtype, corpus, log=log, stop_at=stop_at)
 
 
-def _train(cfg: RunConfig, rd: RunDir, env: DistEnv, device, amp_dtype, corpus, *, log, stop_at: int | None = None) -> dict:
+def _train(cfg: RunConfig, rd: RunDir, env: DistEnv, device, amp_dtype, corpus, *, log, stop_at: int | None = None) -> PointRecord | dict[str, Any]:
     if env.active and cfg.train.batch_size % (env.world_size * cfg.train.grad_accum):
         raise ConfigError(
             f"train.batch_size={cfg.train.batch_size} must be divisible by world_size x grad_accum = {env.world_size} x {cfg.train.grad_accum}"
@@ -155,7 +156,7 @@ def _train(cfg: RunConfig, rd: RunDir, env: DistEnv, device, amp_dtype, corpus, 
     finished = rd.read_done()
     if finished is not None and finished.get("steps") == cfg.train.steps:
         log(f"[{cfg.run_id}] already finished ({cfg.train.steps} steps); skipping")
-        final = rd.final_eval()  # the whole record: done.json keeps only its scalar fields (metrics.jsonl holds the rest)
+        final: PointRecord | None = rd.final_eval()  # the whole record: done.json keeps only its scalar fields (metrics.jsonl holds the rest)
         assert final is not None  # done.json was read above
         return final
 
@@ -193,7 +194,7 @@ def _train(cfg: RunConfig, rd: RunDir, env: DistEnv, device, amp_dtype, corpus, 
         return _finish(run, final)
 
 
-def _branch(run: _Run, fork: int) -> dict:
+def _branch(run: _Run, fork: int) -> AnnealRecord:
     """The cooldown branch forked after ``fork`` steps (``cooldown.run_branch``); the run is back at ``fork`` after it."""
     return run_branch(
         run,
@@ -230,7 +231,7 @@ def _setup(cfg: RunConfig, rd: RunDir, env: DistEnv, device, amp_dtype, corpus, 
     if env.is_main:
         rd.truncate_metrics(start)
         rd.write_info(info | {"wall": wall})
-    kept = [r for r in rd.read_metrics() if r.get("step", 0) <= start]  # every rank: what truncation keeps
+    kept = [r for r in rd.read_metrics() if r["step"] <= start]  # every rank: what truncation keeps
     tracker = _open_tracker(cfg, rd, env, info, kept)
     if start == 0:
         counts = info["params"]
@@ -254,7 +255,7 @@ def _setup(cfg: RunConfig, rd: RunDir, env: DistEnv, device, amp_dtype, corpus, 
         train_flops_per_token=3 * info["flops_per_token"],
         peak_flops=peak["per_device"] * env.world_size,
         wall=wall,
-        history=[level_record(r, cfg.train.cooldown_level_domains) for r in kept if r["kind"] in ("eval", "anneal")],
+        history=[level_record(r, cfg.train.cooldown_level_domains) for r in points(kept)],
     )
     if cfg.train.progress and env.is_main:
         from tqdm import tqdm
@@ -302,7 +303,7 @@ def _resume(cfg: RunConfig, rd: RunDir, model, opt, log) -> int:
     return start
 
 
-def _open_tracker(cfg: RunConfig, rd: RunDir, env: DistEnv, info: dict, kept: list[dict]) -> Tracker:
+def _open_tracker(cfg: RunConfig, rd: RunDir, env: DistEnv, info: dict, kept: list[MetricsRecord]) -> Tracker:
     """The run's loggers (rank 0 only) with run.json's ``info`` as their config."""
     # the trackers fill what they lack up to the checkpoint from metrics.jsonl, and skip what they hold
     return open_loggers(
@@ -386,7 +387,10 @@ def _loss(model, x, y):
 def _record_step(run: _Run, done: int, loss: float, lr: float, gnorm, tokens_per_s: float):
     """The step's metrics record (rank 0 writes it) and the progress bar or log line."""
     util = mfu(tokens_per_s, run.train_flops_per_token, run.peak_flops)
-    rec = {"kind": "train", "step": done, "loss": loss, "lr": lr, "grad_norm": float(gnorm), "tokens_per_s": tokens_per_s, **mfu_fields(util)}
+    rec = cast(
+        TrainRecord,
+        {"kind": TRAIN, "step": done, "loss": loss, "lr": lr, "grad_norm": float(gnorm), "tokens_per_s": tokens_per_s, **mfu_fields(util)},
+    )
     if run.env.is_main:
         run.rd.append_metrics(rec)
         run.tracker.log(rec)
@@ -397,19 +401,22 @@ def _record_step(run: _Run, done: int, loss: float, lr: float, gnorm, tokens_per
         run.log(f"[{run.cfg.run_id}] step {done}/{run.cfg.train.steps} loss {loss:.4f} lr {lr:.2e} {tokens_per_s:.0f} tok/s MFU {mfu_text(util, 1)}")
 
 
-def _evaluate(run: _Run, step: int, kind: str = "eval", extra: dict | None = None) -> dict:
+def _evaluate(run: _Run, step: int, kind: Literal["eval", "anneal"] = EVAL, extra: dict | None = None) -> PointRecord:
     """Loss and bits per byte of every evaluation domain (and per training-frequency stratum of the target),
     appended to metrics.jsonl; ``kind="anneal"`` for a cooldown branch's point (``extra``: its fields)."""
     res = run.evaluator.evaluate(run.model, run.device, run.autocast)  # every rank (FSDP needs all of them); rank 0 writes
-    rec = {
-        "kind": kind,
-        "step": step,
-        "tokens": step * run.tokens_per_step,
-        "split": run.cfg.eval.split,
-        "in_domain_loss": in_domain_loss(res, run.cfg.data.train_weights),
-        **(extra or {}),
-        "domains": res,
-    }
+    rec = cast(
+        PointRecord,
+        {
+            "kind": kind,
+            "step": step,
+            "tokens": step * run.tokens_per_step,
+            "split": run.cfg.eval.split,
+            "in_domain_loss": in_domain_loss(res, run.cfg.data.train_weights),
+            **(extra or {}),
+            "domains": res,
+        },
+    )
     if run.env.is_main:
         run.rd.append_metrics(rec)
         run.tracker.log(rec)
@@ -417,13 +424,13 @@ def _evaluate(run: _Run, step: int, kind: str = "eval", extra: dict | None = Non
     return rec
 
 
-def _finish(run: _Run, final: dict | None) -> dict:
+def _finish(run: _Run, final: PointRecord | None) -> PointRecord:
     """Close the progress bar, evaluate if the run resumed exactly at its end, write done.json."""
     if run.bar:
         run.bar.close()
     if final is None:  # resumed exactly at the end: its final evaluation was recorded before that checkpoint
         steps = run.cfg.train.steps
-        final = next((r for r in reversed(run.rd.read_metrics()) if r["kind"] == "eval" and r["step"] == steps), None) or _evaluate(run, steps)
+        final = eval_at(run.rd.read_metrics(), steps) or _evaluate(run, steps)
     if run.env.is_main:
         _record_wall(run, run.cfg.train.steps)
         _record_speed(run)
@@ -459,7 +466,7 @@ def _record_wall(run: _Run, step: int):
 def _record_speed(run: _Run):
     """run.json's "speed": medians over the run's training steps (every step of metrics.jsonl, resumed
     parts included; the first step, which warms up, is left out when there are others)."""
-    steps = [r for r in run.rd.read_metrics() if r["kind"] == "train" and "tokens_per_s" in r]
+    steps = trains(run.rd.read_metrics())
     steps = steps[1:] if len(steps) > 1 else steps
     if not steps:
         return

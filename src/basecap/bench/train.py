@@ -34,6 +34,8 @@ from pathlib import Path
 
 import torch
 
+from ..records import TrainRecord, trains
+
 
 def _plain_steps(model, opt, batches, clip):
     """Wall and process CPU seconds of each step."""
@@ -50,11 +52,11 @@ def _plain_steps(model, opt, batches, clip):
     return times
 
 
-def _trainer_steps(train, cfg, corpus, RunDir) -> list[dict]:
+def _trainer_steps(train, cfg, corpus, RunDir) -> list[TrainRecord]:
     """The training-step records of one run of the trainer in a temporary folder."""
     with tempfile.TemporaryDirectory() as tmp:
         train(cfg, Path(tmp) / "run", corpus=corpus, log=lambda *_: None)
-        return [r for r in RunDir(Path(tmp) / "run").read_metrics() if r["kind"] == "train"]
+        return trains(RunDir(Path(tmp) / "run").read_metrics())
 
 
 def _compiled_vs_eager(cfg, vocab_size: int, batches) -> dict[str, list[tuple[float, float, float]]]:

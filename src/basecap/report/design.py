@@ -23,6 +23,7 @@ from typing import Sequence, cast
 import numpy as np
 from scipy import stats as sps
 
+from ..records import DomainEval, PointRecord
 from ..rundir import matched_loss
 from .runs import Run
 from .stats import ALPHA, SMOOTH, RunCurves, build_comparisons, holm, paired_test
@@ -95,22 +96,23 @@ def load_design(path: Path) -> dict:
     return design
 
 
-def _y(res: dict, targets: str) -> float | None:
+def _y(res: DomainEval, targets: str) -> float | None:
     if targets == "all":
         return res["loss"]
-    return ((res.get("strata") or {}).get("seen") or {}).get("loss")
+    seen = (res.get("strata") or {}).get("seen")
+    return None if seen is None else seen["loss"]
 
 
-def annealed_records(run: Run) -> list[dict]:
+def annealed_records(run: Run) -> list[PointRecord]:
     """The run's annealed points: every cooldown branch's point and the run's final evaluation (its schedule
     ends at the floor rate), in order of tokens."""
-    end = [run.evals[-1]] if run.evals else []
-    return sorted(run.annealed, key=lambda r: r["end_step"]) + end
+    end: list[PointRecord] = [run.evals[-1]] if run.evals else []
+    return [*sorted(run.annealed, key=lambda r: r["end_step"]), *end]
 
 
 def curves(run: Run, m: Measure, domains: list[str], match_domains: list[str] | None) -> RunCurves | None:
     """The run's curve for measure ``m`` (None when its records lack what the measure needs)."""
-    recs = annealed_records(run) if m.points == "annealed" else run.evals
+    recs: Sequence[PointRecord] = annealed_records(run) if m.points == "annealed" else run.evals
     xs = [matched_loss(r, match_domains) for r in recs]
     ys = {d: [_y(r["domains"][d], m.targets) if d in r["domains"] else None for r in recs] for d in domains}
     ys = {d: v for d, v in ys.items() if v and None not in v}

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..records import AnnealRecord, EvalRecord, TrainRecord, anneals, evals, trains
 from ..rundir import RunDir
 
 
@@ -15,9 +16,9 @@ class Run:
     name: str
     seed: int
     info: dict
-    train: list[dict] = field(default_factory=list)
-    evals: list[dict] = field(default_factory=list)
-    annealed: list[dict] = field(default_factory=list)  # cooldown branches' points (kind "anneal"), by fork step
+    train: list[TrainRecord] = field(default_factory=list)
+    evals: list[EvalRecord] = field(default_factory=list)
+    annealed: list[AnnealRecord] = field(default_factory=list)  # cooldown branches' points (kind "anneal"), by fork step
 
     @property
     def in_domains(self) -> list[str]:
@@ -37,8 +38,5 @@ def load_run(run_dir: str | Path) -> Run:
     rd = RunDir(run_dir)
     info = rd.read_info()
     cfg = info["config"]
-    run = Run(rd.path, info["run_id"], cfg["name"], cfg["seed"], info)
-    for rec in rd.read_metrics():
-        kind = rec.get("kind")
-        (run.evals if kind == "eval" else run.annealed if kind == "anneal" else run.train).append(rec)
-    return run
+    records = rd.read_metrics()
+    return Run(rd.path, info["run_id"], cfg["name"], cfg["seed"], info, trains(records), evals(records), anneals(records))
