@@ -111,3 +111,34 @@ def test_bad_settings_name_their_field(tiny_corpus):
             _mix(**bad)
     with pytest.raises(ConfigError, match="data.retrieval.fractio: unknown key"):
         validate_run({"name": "x", "data": {"retrieval": {"fraction": 0.5, "fractio": 1}}})
+
+
+def test_packed_windows_hold_several_suite_prompts_each_with_its_answer(tiny_corpus):
+    """min_prompt_len: prompts one after another (each task drawn anew, each closed by its answer, a newline and the
+    end-of-text id), lengths between min_prompt_len and what is left, then text; a pure function of seed, step, row."""
+    T, least = 1200, 300
+    r = RetrievalSequences(tiny_corpus, 1.0, ["passkey", "niah"], "prose", T, seed=3, min_prompt_len=least)
+    counts, lengths = [], []
+    for step, row in ((0, 0), (1, 3), (7, 1), (9, 2)):
+        w = r.window(step, row)
+        assert w.shape == (T + 1,) and np.array_equal(w, r.window(step, row))
+        ends = np.flatnonzero(w == tiny_corpus.eot_id)
+        begin, n = 0, 0
+        for end in ends:
+            text = _text(tiny_corpus, w[begin:end])
+            m = re.fullmatch(r"(.+)\n(.+)\n(.+) (\S+)\n", text, flags=re.S)
+            if m is None:  # the text after the last prompt may hold an end-of-text id of its own
+                break
+            assert m.group(4) in m.group(2) and end + 1 - begin >= least - 20
+            lengths.append(end + 1 - begin)
+            begin, n = end + 1, n + 1
+        assert T + 1 - begin < least or n >= 1
+        counts.append(n)
+    assert max(counts) >= 2 and min(lengths) < 2 * least
+
+
+def test_min_prompt_len_too_short_for_a_prompt_is_an_error_before_training(tiny_corpus):
+    with pytest.raises(ConfigError, match=r"data.retrieval: min_prompt_len 40 cannot hold a passkey prompt"):
+        TrainBatches(tiny_corpus, {"prose": 1.0}, seq_len=T, batch_size=2, retrieval=_mix(tasks=["passkey"], min_prompt_len=40))
+    with pytest.raises(ConfigError, match="data.retrieval.min_prompt_len"):
+        validate_run({"name": "x", "data": {"retrieval": {"fraction": 0.5, "min_prompt_len": 0}}})

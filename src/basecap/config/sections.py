@@ -33,12 +33,20 @@ def _every_retrieval_task() -> list[RetrievalTask]:
 
 class RetrievalMix(Strict):
     """``data.retrieval``: a share of the training sequences replaced by the long-context retrieval prompts the
-    ``passkey`` and ``niah`` suites test, each with its answer and filling one window (``data/retrieval.py``)."""
+    ``passkey`` and ``niah`` suites test, each with its answer, one filling the window or several packed into it
+    (``min_prompt_len``; ``data/retrieval.py``)."""
 
     fraction: float = Field(gt=0, le=1, description="share of each step's sequences that are retrieval prompts (rounded half up, at least one)")
     tasks: list[RetrievalTask] = Field(default_factory=_every_retrieval_task, min_length=1, description="prompt kinds, drawn uniformly per sequence")
     haystack_domain: str | None = Field(
         None, description="domain whose training split fills the niah haystack (default: the first domain with a training weight)"
+    )
+    min_prompt_len: int | None = Field(
+        None,
+        gt=0,
+        description="pack several prompts into each retrieval window, each (with its answer) filled to a length drawn "
+        "log-uniformly between this and what is left of the window: short haystacks beside long ones; "
+        "unset: one prompt fills the window",
     )
 
     @field_validator("tasks")

@@ -70,7 +70,9 @@ class TrainBatches:
         self.retrieval = None
         if retrieval is not None:
             domain = retrieval.haystack_domain or self.domains[0]
-            self.retrieval = RetrievalSequences(corpus, retrieval.fraction, retrieval.tasks, domain, seq_len, seed)
+            self.retrieval = RetrievalSequences(
+                corpus, retrieval.fraction, retrieval.tasks, domain, seq_len, seed, min_prompt_len=retrieval.min_prompt_len
+            )
 
     def windows(self, step: int) -> tuple[np.ndarray, np.ndarray]:
         """(domain index, start) of this rank's windows for ``step``."""

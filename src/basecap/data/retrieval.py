@@ -11,12 +11,20 @@ the needle's is sentences of the training split of a training domain (the suites
 sentence of a test haystack was trained on). Numbers are the needle's values (``value_kind = "number"``, the suite's
 default).
 
+With ``min_prompt_len`` (``data.retrieval.min_prompt_len``) a window packs several prompts instead, one after the other,
+each with its answer, newline and end-of-text id: each prompt's task is drawn anew and its length (answer included)
+log-uniformly between ``min_prompt_len`` and what is left of the window, until less than ``min_prompt_len`` is left,
+which the haystack domain's text fills. The answers a window supervises grow from one to several, and short haystacks
+(the needle a few dozen tokens back) come beside long ones: a curriculum inside every window. The suites test the
+same prompts, one per context.
+
 Which rows of a step are retrieval windows, which task each is and every draw inside it are functions of
 (seed, step, row) alone, so the batch of a step stays a pure function of the seed and the step.
 """
 
 from __future__ import annotations
 
+import math
 import random
 import re
 from typing import Iterator, Sequence
@@ -51,7 +59,17 @@ class RetrievalSequences:
     """The retrieval windows of one training data order: ``rows(step, n)`` picks which of a step's ``n`` (global)
     rows are retrieval windows, ``window(step, row)`` builds one ([T + 1] int64 token ids)."""
 
-    def __init__(self, corpus: Corpus, fraction: float, tasks: Sequence[str], domain: str, seq_len: int, seed: int = 0):
+    def __init__(
+        self,
+        corpus: Corpus,
+        fraction: float,
+        tasks: Sequence[str],
+        domain: str,
+        seq_len: int,
+        seed: int = 0,
+        *,
+        min_prompt_len: int | None = None,
+    ):
         if not 0 < fraction <= 1:
             raise ConfigError(f"data.retrieval.fraction must be in (0, 1], got {fraction}")
         bad = [t for t in tasks if t not in TASKS]
@@ -64,8 +82,17 @@ class RetrievalSequences:
         self.shard = corpus.tokens(domain, "train")
         if len(self.shard) < self.seq_len + 1:
             raise ConfigError(f"data.retrieval.haystack_domain: {domain}/train has {len(self.shard)} tokens, fewer than seq_len + 1")
+        self.min_prompt_len = min_prompt_len
+        if min_prompt_len is not None and not 0 < min_prompt_len <= self.seq_len + 1:
+            raise ConfigError(f"data.retrieval.min_prompt_len must be in [1, seq_len + 1 = {self.seq_len + 1}], got {min_prompt_len}")
         for task in self.tasks:  # a context too short for a prompt fails here, before any training
-            self._build(task, random.Random(f"check-{task}"))
+            for length, what in [(self.seq_len + 1, f"seq_len {self.seq_len}"), (min_prompt_len, f"min_prompt_len {min_prompt_len}")]:
+                if length is None:
+                    continue
+                try:
+                    self._prompt(task, random.Random(f"check-{task}"), length)
+                except ValueError as e:
+                    raise ConfigError(f"data.retrieval: {what} cannot hold a {task} prompt: {e}") from None
 
     def encode(self, text: str) -> list[int]:
         return self.corpus.tokenizer.encode(text, add_special_tokens=False).ids
@@ -82,18 +109,30 @@ class RetrievalSequences:
     def window(self, step: int, row: int) -> np.ndarray:
         """The retrieval window of global row ``row`` of ``step``: [seq_len + 1] int64."""
         rng = random.Random(f"retrieval-{self.seed}-{step}-{row}")
-        return self._build(rng.choice(self.tasks), rng)
+        if self.min_prompt_len is None:
+            return self._fill(self._prompt(rng.choice(self.tasks), rng, self.seq_len + 1), rng)
+        ids: list[int] = []
+        while self.seq_len + 1 - len(ids) >= self.min_prompt_len:
+            left = self.seq_len + 1 - len(ids)
+            length = round(math.exp(rng.uniform(math.log(self.min_prompt_len), math.log(left))))
+            try:
+                ids += self._prompt(rng.choice(self.tasks), rng, min(max(length, self.min_prompt_len), left))
+            except ValueError:  # a needle drawn longer than the one checked at min_prompt_len: text fills the rest
+                break
+        return self._fill(ids, rng)
 
-    def _build(self, task: str, rng: random.Random) -> np.ndarray:
+    def _prompt(self, task: str, rng: random.Random, length: int) -> list[int]:
+        """One prompt of ``task`` with its answer, newline and end-of-text id, at most ``length`` tokens (a ValueError
+        when even its haystack-free parts are longer)."""
         depth = rng.random()
         prefix, needle, question, answer = passkey_parts(rng) if task == "passkey" else niah_parts(rng, "number")
         sentences = noise_sentences() if task == "passkey" else corpus_sentences(self.corpus, self.domain, "train", rng.randrange(2**31))
         tail = self.encode(f" {answer}\n") + [self.corpus.eot_id]
-        try:
-            text, _, _ = fill_prompt(self.encode, prefix, needle, question, sentences, self.seq_len + 1 - len(tail), depth=depth)
-        except ValueError as e:
-            raise ConfigError(f"data.retrieval: seq_len {self.seq_len} cannot hold a {task} prompt: {e}") from None
-        ids = self.encode(text) + tail
+        text, _, _ = fill_prompt(self.encode, prefix, needle, question, sentences, length - len(tail), depth=depth)
+        return self.encode(text) + tail
+
+    def _fill(self, ids: list[int], rng: random.Random) -> np.ndarray:
+        """``ids`` followed by the start of a random stretch of the haystack domain's training split: [seq_len + 1]."""
         free = self.seq_len + 1 - len(ids)
         start = rng.randrange(len(self.shard) - free + 1)
         return np.concatenate([np.asarray(ids, dtype=np.int64), np.asarray(self.shard[start : start + free], dtype=np.int64)])
