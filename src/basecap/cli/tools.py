@@ -22,6 +22,7 @@ BENCHES = {
     "throughput": "whole-model training tokens/s and peak memory against sequence length (GPU table)",
     "head": "LM head + cross-entropy alone: plain (whole logits) against chunked (and fla on CUDA), time and peak memory",
     "longctx": "CPU analogue of the paper's 100k speed row: Top-1 Chunk Approx against Transformer++, training step and decoding, 16k-100k",
+    "cost": "where finished runs' CPU-seconds went (optimizer steps, cooldown branches, evaluations), per mixer, from their records",
 }
 
 
