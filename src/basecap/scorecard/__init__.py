@@ -17,6 +17,7 @@ from .predictions import predictions
 from .principle import PRINCIPLE_FILE, load_principle, principle_row
 from .robust import apply_plan, arms_of, combine, gap_along_training, pair_band, plan_of, specifications
 from .verdicts import NOT_RUN, UNTESTABLE, claim_margin, decide, claim_tests
+from .rows import ClaimRow
 
 if TYPE_CHECKING:
     from .claims import Claim, ClaimsFile
@@ -61,7 +62,7 @@ def _superseded(c: Claim, claims: Any, studies: dict, domains: list[str]) -> tup
     return new, before, None
 
 
-def plans(claims: Any, rows: list[dict]) -> dict:
+def plans(claims: Any, rows: list[ClaimRow]) -> dict:
     """How each study of the family's claims is read: its declared plan, its undeclared looks, or one look."""
     out = {}
     for study in sorted({r["study"] for r in rows if r["study"] and r.get("results") and r["study"] in claims.studies}):
@@ -78,7 +79,7 @@ def plans(claims: Any, rows: list[dict]) -> dict:
     return out
 
 
-def _new_row(c: Claim, domains: list[str], before: dict | None, pending: dict | None) -> dict:
+def _new_row(c: Claim, domains: list[str], before: dict | None, pending: dict | None) -> ClaimRow:
     """A claim's row as the claims file states it, before any test: not run, no estimate yet."""
     return {
         "id": c.id,
@@ -111,7 +112,7 @@ def _new_row(c: Claim, domains: list[str], before: dict | None, pending: dict | 
     }
 
 
-def _claim_row(c: Claim, claims: ClaimsFile, studies: dict, root: Path, copy_of: dict, seen: dict) -> dict:
+def _claim_row(c: Claim, claims: ClaimsFile, studies: dict, root: Path, copy_of: dict, seen: dict) -> ClaimRow:
     """One claim's row: untestable, a metric claim (metrics.py), waiting for its study or some of its runs, or a
     pair claim tested on its study's records (``_test_pair``). ``seen`` (comparison -> claim id) refuses a
     comparison that enters the family twice."""
@@ -158,7 +159,7 @@ def _claim_row(c: Claim, claims: ClaimsFile, studies: dict, root: Path, copy_of:
     return row
 
 
-def _test_pair(row: dict, c: Any, claims: ClaimsFile, studies: dict, copy_of: dict, seen: dict) -> None:
+def _test_pair(row: ClaimRow, c: Any, claims: ClaimsFile, studies: dict, copy_of: dict, seen: dict) -> None:
     """Fill a pair claim's row from its published study (``row["results"]``): its per-seed gaps, its tests read by
     the study's plan, its rate arms and controls, and the reading over them (``robust.combine``)."""
     folder, domains = row["results"], row["domains"]
@@ -170,14 +171,9 @@ def _test_pair(row: dict, c: Any, claims: ClaimsFile, studies: dict, copy_of: di
     if key in seen:
         raise ConfigError(f"claim {c.id} repeats the comparison of claim {seen[key]} (the same run records): a comparison enters the family once")
     seen[key] = c.id
-    row.update(
-        seeds=got["seeds"],
-        values=got["values"],
-        parts=got["parts"],
-        notes=got["notes"],
-        scale=scale_of_run(st.runs[next(k for k in got["used"] if k[0] == scale_run)]) if got["used"] else None,
-        reused=[{"run": f"{n}-s{s}", "copy_of": copy_of[(folder, f"{n}-s{s}")]} for n, s in got["used"] if (folder, f"{n}-s{s}") in copy_of],
-    )
+    row["seeds"], row["values"], row["parts"], row["notes"] = got["seeds"], got["values"], got["parts"], got["notes"]
+    row["scale"] = scale_of_run(st.runs[next(k for k in got["used"] if k[0] == scale_run)]) if got["used"] else None
+    row["reused"] = [{"run": f"{n}-s{s}", "copy_of": copy_of[(folder, f"{n}-s{s}")]} for n, s in got["used"] if (folder, f"{n}-s{s}") in copy_of]
     plan = row["plan"] = plan_of(claims, c.study)
     row["test"] = apply_plan(claim_tests(c, got["values"], claim_margin(c, claims.margin)), plan)
     row["arms"] = arms_of(c, claims, studies, domains)
@@ -186,7 +182,7 @@ def _test_pair(row: dict, c: Any, claims: ClaimsFile, studies: dict, copy_of: di
     combine(row)
 
 
-def _own_band(row: dict, c: Claim, st: Study) -> tuple[float, float] | None:
+def _own_band(row: ClaimRow, c: Claim, st: Study) -> tuple[float, float] | None:
     """Where the claim's own comparison is read when its pair does not reach the study's band on every seed: the
     pair's rule band, as for its rate arms (``robust.pair_band``; docs/metrics.md, "When a curve cannot reach the
     band"). None when the band is held (or there is no band to move to: the reading then says which seeds lack it)."""
@@ -202,7 +198,7 @@ def _own_band(row: dict, c: Claim, st: Study) -> tuple[float, float] | None:
     return band
 
 
-def _read_robustness(rows: list[dict], claims: ClaimsFile) -> None:
+def _read_robustness(rows: list[ClaimRow], claims: ClaimsFile) -> None:
     """Each tested pair claim of the family under every pre-declared specification, and its gap along training."""
     for r in rows:
         if r["family"] and r.get("test") and r["test"]["n"] >= 2 and r["metric"] == "ood_gap":
@@ -210,11 +206,13 @@ def _read_robustness(rows: list[dict], claims: ClaimsFile) -> None:
             r["gap_along_training"] = gap_along_training(r["claim_obj"], r["study_obj"], r["domains"])
 
 
-def _strip_internals(rows: list[dict]) -> None:
+def _strip_internals(rows: list[ClaimRow]) -> None:
     """Drop what the rows carried for the computation only (objects, plans, resamples): not part of the card."""
     for r in rows:
-        for k in ("claim_obj", "study_obj", "plan", "decider"):
-            r.pop(k, None)
+        r.pop("claim_obj", None)
+        r.pop("study_obj", None)
+        r.pop("plan", None)
+        r.pop("decider", None)
         if r.get("test"):
             r["test"].pop("_resampled", None)
 

@@ -31,6 +31,7 @@ from .claims import Claim
 from .robust import apply_plan
 from .sequential import Plan
 from .verdicts import claim_margin, claim_tests
+from .rows import ClaimRow
 
 SPEED_SCHEMA = "basecap.bench.longctx/1"
 TIMES = {"train": "step_s_all", "decode": "decode_s_per_token_all"}  # each repeat's seconds, by the row's kind
@@ -185,7 +186,7 @@ def proportion_tests(claim: Claim, run: tuple[float, int], ref: tuple[float, int
     }
 
 
-def metric_row(row: dict, claim: Claim, claims: Any, studies: dict, root: Path, plan: Plan) -> None:
+def metric_row(row: ClaimRow, claim: Claim, claims: Any, studies: dict, root: Path, plan: Plan) -> None:
     """Fill a metric claim's row: its values and tests (``row["test"]``, p values read by ``plan`` where the units
     are seeds), or what it waits for (the row stays "not run")."""
     study = claims.studies[claim.study]
@@ -207,7 +208,7 @@ def metric_row(row: dict, claim: Claim, claims: Any, studies: dict, root: Path, 
             row["detail"] = why
             return
         test = welch_tests(claim, samples[0], samples[1], margin)
-        row.update(results=folder, seeds=[], values=[], seconds={"run": samples[0], "reference": samples[1]})
+        row.update({"results": folder, "seeds": [], "values": [], "seconds": {"run": samples[0], "reference": samples[1]}})
         plan = Plan()  # the repeats of a benchmark are not a study's seeds: no looks
     else:
         st = studies.get(folder)
@@ -236,7 +237,7 @@ def metric_row(row: dict, claim: Claim, claims: Any, studies: dict, root: Path, 
         else:
             test = claim_tests(claim, values, margin)
             test["units"] = "seeds"
-        row.update(results=folder, seeds=seeds, values=values)
+        row.update({"results": folder, "seeds": seeds, "values": values})
     row["plan"] = plan
     row["test"] = apply_plan(test, plan)
     t = row["test"]

@@ -27,6 +27,7 @@ from .claims import Arm, Claim, ClaimsFile, experiment_path
 from .compute import claim_values, lacking_runs
 from .robust import pair_band
 from .verdicts import FAILS, HOLDS, UNDECIDED
+from .rows import ClaimRow
 
 PRINCIPLE_FILE = Path("experiments/paper/principle.toml")
 MQAR_FILE = Path("results/principle/mqar.json")
@@ -231,7 +232,7 @@ def tests(rho: float | None, resampled: np.ndarray, margin: float) -> dict:
     }
 
 
-def decide_principle(row: dict, alpha: float, m: int) -> None:
+def decide_principle(row: ClaimRow, alpha: float, m: int) -> None:
     """The principle's verdict from its adjusted p values, and the interval its deciding test corresponds to: the
     percentile interval at 1 - 2a for 'holds' (its upper bound is the one-sided test's), 1 - a for 'fails'."""
     t = row["test"]
@@ -352,13 +353,13 @@ def reading(points: list[tuple[list[float], list[float]]], spec: Principle) -> d
     return {"n": len(points), **tests(rho, resampled, spec.margin)}
 
 
-def principle_row(spec: PrincipleFile, claims: ClaimsFile, studies: dict, root: Path) -> tuple[dict, dict]:
+def principle_row(spec: PrincipleFile, claims: ClaimsFile, studies: dict, root: Path) -> tuple[ClaimRow, dict]:
     """The principle's row in the family (a claim with its own decider) and the section that shows its points."""
     pr = spec.principle
     mqar = read_mqar(root / MQAR_FILE, pr)
     pts = principle_points(pr, claims, studies, mqar)
     ready = [p for p in pts if not p["missing"]]
-    row: dict = {
+    row: ClaimRow = {
         "id": pr.id,
         "section": "1, 5",
         "paper": pr.paper,
@@ -397,7 +398,7 @@ def principle_row(spec: PrincipleFile, claims: ClaimsFile, studies: dict, root: 
         )
     else:
         tuned.update(p_holds_plan=tuned["p_holds"], p_fails_plan=tuned["p_fails"], p_holds_claim=tuned["p_holds"], p_fails_claim=tuned["p_fails"])
-        row.update(test=tuned, decider=decide_principle)
+        row.update({"test": tuned, "decider": decide_principle})
     section = {
         "id": pr.id,
         "protocol": pr.mqar.model_dump(),

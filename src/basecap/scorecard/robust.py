@@ -24,6 +24,7 @@ from .claims import Arm, Claim, ClaimsFile
 from .compute import Study, claim_values, lacking_runs, level_band
 from .sequential import Plan
 from .verdicts import FAILS, HOLDS, UNDECIDED, claim_margin, claim_tests
+from .rows import ClaimRow
 
 SPECS = (("targets: all", "annealed_all", "band"), ("level: lowest", "primary", "lowest"), ("level: half", "primary", "half"))
 
@@ -99,7 +100,7 @@ def arms_of(claim: Claim, claims: ClaimsFile, studies: dict[str, Study], domains
     return out
 
 
-def combine(row: dict) -> None:
+def combine(row: ClaimRow) -> None:
     """The claim's p values for the family: the largest of its own and its arms' (after each study's plan); a note
     names the arms that wait or that break the verdict's direction."""
     t = row["test"]
@@ -130,7 +131,7 @@ def verdict_at(t: dict | None, a_holds: float, a_fails: float) -> str:
     return UNDECIDED
 
 
-def specifications(row: dict, claim: Claim, study: Study, claims: ClaimsFile, domains: list[str], alpha: float) -> None:
+def specifications(row: ClaimRow, claim: Claim, study: Study, claims: ClaimsFile, domains: list[str], alpha: float) -> None:
     """The specification table of a tested claim (``row["specs"]``) and its robustness label."""
     t = row["test"]
     a_h, a_f = t["level_holds"], t["level_fails"]  # the levels the claim's verdict used (alpha / m if undecided)
@@ -144,7 +145,11 @@ def specifications(row: dict, claim: Claim, study: Study, claims: ClaimsFile, do
                 continue
             c = claim.model_copy(update={"measure": measure})
             try:
-                got = read(c, study, plan, domains, claims.margin, row.get("band") if level == "band" else band)
+                read_at: tuple[float, float] | None = band
+                if level == "band":  # the claim's own band: the study's (None), or the pair's rule band (_own_band)
+                    own = row.get("band")
+                    read_at = None if own is None else (float(own[0]), float(own[1]))
+                got = read(c, study, plan, domains, claims.margin, read_at)
             except (ValueError, KeyError) as e:  # a curve that does not reach the band: no reading there
                 specs.append({"spec": label, "estimate": None, "ci95": None, "n": 0, "verdict": "n/a", "detail": str(e)})
                 continue

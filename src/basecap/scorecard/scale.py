@@ -16,6 +16,7 @@ from scipy import stats
 
 from ..report.stats import paired_test
 from .compute import claim_values, lacking_runs, level_band, scale_of_config, scale_of_run
+from .rows import ClaimRow
 
 if TYPE_CHECKING:
     from .claims import Claim
@@ -52,7 +53,7 @@ def reading(test: dict | None, sign: int) -> str:
     return f"the 95% interval {side}: {'the paper' + chr(39) + 's direction' if (lo > 0) == (sign > 0) else 'against the paper'}"
 
 
-def scale_steps(root: Path, claims: Any, studies: dict, rows: list[dict]) -> list[dict]:
+def scale_steps(root: Path, claims: Any, studies: dict, rows: list[ClaimRow]) -> list[dict]:
     """One entry per scale step: the claim's gap at its own size (from its row) and at the step's size."""
     out = []
     for step in claims.scale_steps:

@@ -30,6 +30,7 @@ from scipy import stats
 
 from ..report import equivalence as eq
 from ..report.stats import paired_test, simultaneous_ci
+from .rows import ClaimRow
 
 HOLDS, FAILS, UNDECIDED, NOT_RUN, UNTESTABLE = "holds", "fails", "undecided", "not run", "no study"
 LEAN = {"pair": ("worse", "better"), "trend": ("rises", "falls"), "interaction": ("larger", "smaller")}
@@ -122,7 +123,7 @@ def interval_level(claim: Any, a: float) -> float:
     return 1 - 2 * a if claim.sign == 0 or claim.expect == "small" else 1 - a
 
 
-def decide(rows: list[dict], alpha: float, power: float, family: str = "family") -> int:
+def decide(rows: list[ClaimRow], alpha: float, power: float, family: str = "family") -> int:
     """One family (rows whose ``family`` key is true) over 'holds' and 'fails' (``family_adjust``) on each row's p
     values after its study's plan and its arms (``p_holds_claim`` / ``p_fails_claim``, set by the caller); sets each
     tested row's verdict, the interval its verdict used, and for an undecided one its lean, minimum detectable effect
@@ -169,7 +170,7 @@ def decide(rows: list[dict], alpha: float, power: float, family: str = "family")
     return m
 
 
-def _undecided(r: dict, claim: Any, t: dict, a: float, power: float) -> None:
+def _undecided(r: ClaimRow, claim: Any, t: dict, a: float, power: float) -> None:
     """What an undecided claim could have detected and what would decide it, at the family's first Holm level a
     (alpha/m): the minimum detectable effect (a direction) or the smallest equivalence margin provable (no_effect)
     at 80% power with the observed seed sd, and the seeds at which the holds or the fails test reaches that power if
