@@ -252,12 +252,20 @@ def _cmd_scorecard(args):
     """Test every claim of the paper (experiments/paper/claims.toml) once, from the published studies' archived
     records, with one Holm family over the claims file; write results/SCORECARD.md and results/scorecard.json
     (with --write-readme also the README's Results section and each study README's generated block). --check
-    writes nothing and fails when a committed file differs from what would be written."""
+    writes nothing and fails when a committed file differs from what would be written; --against OLD_JSON writes
+    nothing and prints each claim's verdict then and now."""
     from ..scorecard import build_scorecard
     from ..scorecard.render import generated_files, stale_files
 
     root = Path(args.root)
     card = build_scorecard(root, args.claims)
+    if args.against:
+        import json
+
+        from ..scorecard.changes import format_changes, verdict_changes
+
+        print(format_changes(verdict_changes(json.loads(Path(args.against).read_text(encoding="utf-8")), card)))
+        return
     if args.simulate:
         import json
 
@@ -309,6 +317,12 @@ def add_scorecard(sub) -> None:
         "--figures",
         action="store_true",
         help="also draw results/scorecard_gap_vs_level.png (each claim's gap along training) and results/principle_mqar_vs_gap.png",
+    )
+    s.add_argument(
+        "--against",
+        metavar="OLD_JSON",
+        help="write nothing; print each claim's verdict and estimate in an earlier scorecard.json beside now's "
+        "(an earlier commit's: git show REV:results/scorecard.json > old.json)",
     )
     s.add_argument(
         "--simulate",
