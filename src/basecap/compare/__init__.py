@@ -26,7 +26,7 @@ from ..atomic import write_json
 from ..config_base import ConfigError, check_name
 from ..rundir import git_state
 from . import measure
-from .row import arm_reading, overall, row_text
+from .row import ArmReading, CompareRow, arm_reading, overall, row_text
 from .study import Design, as_recorded, check_record, find_design, locate, look_seeds, rate_label, with_runs
 
 if TYPE_CHECKING:
@@ -289,7 +289,7 @@ def _comparison(setup: _Setup, lr: float, b_ref: str | None) -> ExperimentConfig
     return with_runs(design.exp, entries, name=name, out_dir=str(setup.work), suites=[], speed=None, more_references=[])
 
 
-def _arms(setup: _Setup, st: Study, lr: float, b_ref: str | None) -> list[dict]:
+def _arms(setup: _Setup, st: Study, lr: float, b_ref: str | None) -> list[ArmReading]:
     """The gap in each arm: the tuned comparison, arm A (both at the reference's rate), arm B where the study has it."""
     design, label = setup.design, setup.label
     arms = [
@@ -306,13 +306,14 @@ def _reference_mixer(setup: _Setup) -> dict:
     return {"name": mixer.name, **mixer.model_dump(exclude_defaults=True)}
 
 
-def _row(setup: _Setup, st: Study, model, *, lr: float, tuning: dict | None, b_ref: str | None, arms: list[dict]) -> dict:
+def _row(setup: _Setup, st: Study, model, *, lr: float, tuning: dict | None, b_ref: str | None, arms: list[ArmReading]) -> CompareRow:
     """The row before its measurements: the design, the tuned rate, the arms and the overall reading, the model's
     size, state and cost, and the code it ran."""
     design, label = setup.design, setup.label
     run_info = json.loads((setup.out / "runs" / f"{label}-s{setup.first_seed}" / "run.json").read_text(encoding="utf-8"))
     in_domain = next((r.get("in_domain_loss") for r in st.summary.get("runs", []) if r.get("name") == label), None)
     commit, dirty = git_state()
+    state = measure.state(model)
     return {
         "architecture": label,
         "mixer": setup.table,
@@ -344,13 +345,15 @@ def _row(setup: _Setup, st: Study, model, *, lr: float, tuning: dict | None, b_r
         "params": run_info.get("params"),
         "corpus": setup.corpus.name,
         "cost": measure.cost(model),
-        **measure.state(model),
+        "state_bytes": state["state_bytes"],
+        "state_at": state["state_at"],
+        "state_grows": state["state_grows"],
         "commit": commit,
         "dirty": dirty,
     }
 
 
-def _measure(row: dict, setup: _Setup, model, log) -> None:
+def _measure(row: CompareRow, setup: _Setup, model, log) -> None:
     """The row's MQAR (the principle's protocol, or the request's shorter one) and speed against the reference's."""
     request = setup.request
     proto = measure.mqar_protocol(setup.root / measure.PRINCIPLE_FILE, request.mqar_steps, request.mqar_seeds)
@@ -360,7 +363,7 @@ def _measure(row: dict, setup: _Setup, model, log) -> None:
     row["speed"] = measure.speed(setup.table, _reference_mixer(setup), lengths, setup.out, request.speed_reps, log=log) if lengths else {}
 
 
-def compare(request: CompareRequest, *, log=print) -> dict:
+def compare(request: CompareRequest, *, log=print) -> CompareRow:
     """Train a new architecture's runs in a published study's design and return its row (also written to
     ``<out>/compare.json``); ``request`` says which architecture, which study and how (``CompareRequest``)."""
     from ..report import report

@@ -11,6 +11,8 @@ A, and B where the reference trained at the architecture's rate): each p value t
 
 from __future__ import annotations
 
+from typing import Any, TypedDict
+
 from ..report.stats import paired_test
 from ..scorecard.claims import Claim
 from ..scorecard.compute import Study, lacking_runs, pair_gaps
@@ -20,11 +22,82 @@ from .study import Design
 KEEPS, DEGRADES, UNDECIDED, NOT_RUN, NO_GAP = "keeps", "degrades", "undecided", "not run", "no gap"
 
 
+class Interval(TypedDict):
+    n: int
+    gap: float | None
+    ci95: list[float] | None
+
+
+class ArmReading(TypedDict, total=False):
+    """One rate arm of the row (``arm_reading``)."""
+
+    arm: str  # "tuned", "A" or "B"
+    run: str
+    reference: str
+    lr: float
+    verdict: str
+    n: int  # paired seeds
+    gap: float | None  # the mean over seeds of the mean over held-out domains
+    ci95: list[float] | None
+    note: str  # why an arm has no reading
+    seeds: list[int]
+    values: list[float]
+    domains: dict[str, Interval]
+    notes: list[str]
+    p_keeps: float
+    p_degrades: float
+    reading: str  # how the study's plan of looks read the p values
+
+
+class Overall(TypedDict, total=False):
+    verdict: str
+    note: str
+    p_keeps: float
+    p_degrades: float
+
+
+class CompareRow(TypedDict, total=False):
+    """The new architecture's row: ``compare.json`` and what ``basecap compare`` prints (``row_text``)."""
+
+    architecture: str
+    mixer: dict[str, Any]
+    mixer_files: list[dict[str, Any]]
+    study: str
+    size: str | None
+    experiment: str
+    reference: str
+    reference_mixer: str
+    lr: float
+    grid: list[float]
+    tuning: dict[str, Any] | None
+    reference_lr: float
+    arm_b_note: str | None
+    seeds: list[int]
+    looks: list[int]
+    domains: list[str]
+    margin: float
+    alpha: float
+    arms: list[ArmReading]
+    overall: Overall
+    in_domain_loss: float | None
+    params: dict[str, Any] | None
+    corpus: str
+    cost: str
+    state_bytes: int
+    state_at: int
+    state_grows: bool
+    commit: str | None
+    dirty: bool | None
+    mqar: dict[str, Any]
+    speed: dict[Any, dict[str, Any]]
+    wall_seconds: float
+
+
 def _claim(design: Design, run: str, reference: str, expect: str) -> Claim:
     return Claim(id="compare", section="compare", paper="-", study=design.name, expect=expect, run=run, reference=reference)
 
 
-def _interval(values: list[float]) -> dict:
+def _interval(values: list[float]) -> Interval:
     t = paired_test(values)
     return {"n": t.n, "gap": t.mean, "ci95": list(t.ci95) if t.ci95 else None}
 
@@ -33,10 +106,10 @@ def verdict(p_keeps: float, p_degrades: float, alpha: float) -> str:
     return KEEPS if p_keeps <= alpha else DEGRADES if p_degrades <= alpha else UNDECIDED
 
 
-def arm_reading(design: Design, study: Study, arm: str, run: str, reference: str, lr: float) -> dict:
+def arm_reading(design: Design, study: Study, arm: str, run: str, reference: str, lr: float) -> ArmReading:
     """One arm: the per-seed gaps of ``run`` against ``reference`` (paired by seed), per domain and their mean, the
     two tests read through the study's plan, and the arm's verdict."""
-    out: dict = {"arm": arm, "run": run, "reference": reference, "lr": lr, "verdict": NOT_RUN, "n": 0, "gap": None, "ci95": None}
+    out: ArmReading = {"arm": arm, "run": run, "reference": reference, "lr": lr, "verdict": NOT_RUN, "n": 0, "gap": None, "ci95": None}
     missing = lacking_runs([run, reference], study)
     if missing:
         out["note"] = f"no records of {', '.join(missing)}"
@@ -44,18 +117,20 @@ def arm_reading(design: Design, study: Study, arm: str, run: str, reference: str
     by_domain, notes = pair_gaps(study, run, reference, design.domains)
     seeds = sorted(set.intersection(*(set(by_domain.get(d, {})) for d in design.domains)))
     values = [sum(by_domain[d][s] for d in design.domains) / len(design.domains) for s in seeds]
-    out.update(seeds=seeds, values=values, **_interval(values), domains={d: _interval([by_domain[d][s] for s in seeds]) for d in design.domains})
+    mean = _interval(values)
+    out["seeds"], out["values"], out["n"], out["gap"], out["ci95"] = seeds, values, mean["n"], mean["gap"], mean["ci95"]
+    out["domains"] = {d: _interval([by_domain[d][s] for s in seeds]) for d in design.domains}
     if notes:
         out["notes"] = notes
     keeps = claim_tests(_claim(design, run, reference, "no_effect"), values, design.margin)
     worse = claim_tests(_claim(design, run, reference, "worse"), values, design.margin)
     (p_keeps, reading), (p_degrades, _) = design.plan.adjust(keeps["p_holds"], len(values)), design.plan.adjust(worse["p_holds"], len(values))
-    out.update(p_keeps=p_keeps, p_degrades=p_degrades, reading=reading or "one look")
+    out["p_keeps"], out["p_degrades"], out["reading"] = p_keeps, p_degrades, reading or "one look"
     out["verdict"] = verdict(p_keeps, p_degrades, design.alpha) if len(values) >= 2 else UNDECIDED if values else NO_GAP
     return out
 
 
-def overall(arms: list[dict], alpha: float) -> dict:
+def overall(arms: list[ArmReading], alpha: float) -> Overall:
     """The intersection-union over the arms: each p value the largest of the arms' (an arm without two paired seeds
     leaves the row undecided, naming it)."""
     short = [a["arm"] for a in arms if a["n"] < 2]
@@ -76,7 +151,7 @@ def _ci(ci: list[float] | None) -> str:
 ARM_TEXT = {"tuned": "tuned", "A": "arm A (the reference's rate)", "B": "arm B (the architecture's rate)"}
 
 
-def row_text(row: dict) -> str:
+def row_text(row: CompareRow) -> str:
     """The row as a few lines of plain text (what ``basecap compare`` prints)."""
     lines = [
         f"{row['architecture']} against {row['reference']} in {row['study']} (size {row['size']}, seeds {', '.join(map(str, row['seeds']))}; "
@@ -85,8 +160,9 @@ def row_text(row: dict) -> str:
     ]
     for a in row["arms"]:
         label = f"{ARM_TEXT[a['arm']]}, lr {a['lr']:g}"
-        doms = "".join(f"{_num(a.get('domains', {}).get(d, {}).get('gap')):>9}" for d in row["domains"])
-        why = a.get("note") or (a.get("notes") or [None])[0] if not a["n"] else None
+        gaps = {d: iv["gap"] for d, iv in a.get("domains", {}).items()}
+        doms = "".join(f"{_num(gaps.get(d)):>9}" for d in row["domains"])
+        why = (a.get("note") or next(iter(a.get("notes") or []), None)) if not a["n"] else None
         lines.append(f"  {label:<44}{a['n']:>6}{_num(a['gap']):>9}  {_ci(a['ci95']):<18}{doms}  {a['verdict']}" + (f" ({why})" if why else ""))
     o = row["overall"]
     ps = (
@@ -108,7 +184,8 @@ def row_text(row: dict) -> str:
         extra.append(f"speed at T={T}: {s['tokens_per_s']:,.0f} tokens/s forward+backward, {s['x_reference']:.2f}x {row['reference_mixer']}'s")
     if row.get("cost"):
         extra.append(f"cost {row['cost']}")
-    if row.get("params"):
-        extra.append(f"{row['params']['non_embedding'] / 1e6:.2f}M non-embedding parameters, in-domain loss {_num(row.get('in_domain_loss'), '.3f')}")
+    params = row.get("params")
+    if params:
+        extra.append(f"{params['non_embedding'] / 1e6:.2f}M non-embedding parameters, in-domain loss {_num(row.get('in_domain_loss'), '.3f')}")
     lines += [f"  {x}" for x in extra]
     return "\n".join(lines)
