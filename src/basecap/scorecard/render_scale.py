@@ -45,6 +45,28 @@ def step_level_rows(step: dict) -> list[str]:
     return out
 
 
+def gap_model_lines(step: dict) -> list[str]:
+    """A measured step's model of the gap against level and size (scorecard/gap_model.py), one bullet."""
+    g = step.get("gap_model")
+    if not g:
+        return []
+
+    def per_size(x: dict) -> str:
+        a, b = x["gap_at_center"], x["slope"]
+        return f"{number_text(a['mean'])} {ci_text(a['ci95'])} at {g['center']:.2f}, slope {number_text(b['mean'])} {ci_text(b['ci95'])} per nat ({len(x['seeds'])} seeds)"
+
+    def term(t: dict | None) -> str:
+        return "-" if not t else f"{number_text(t['mean'])} {ci_text(t['ci95'])}"
+
+    return [
+        f"- `{step['claim']}`, {step['base']['size']} against {step['size']}, over the levels both reach "
+        f"({g['overlap'][1]:.2f} down to {g['overlap'][0]:.2f}): {step['base']['size']} {per_size(g['base'])}; "
+        f"{step['size']} {per_size(g['step'])}. Level term (slope, both sizes) {term(g['level'])}; size term (gap at "
+        f"{g['center']:.2f}, larger minus smaller) {term(g['size'])}; level x size (slope, larger minus smaller) "
+        f"{term(g['level_x_size'])}. Supported: **{g['model']}**."
+    ]
+
+
 STEP_HEADER = ["| claim | size | scale | study | gap [95% CI] | seeds | reading |", "|---|---|---|---|---|---|---|"]
 
 
@@ -80,5 +102,15 @@ def scale_markdown(card: dict) -> list[str]:
             f"| claim | where | {base} | {size} | difference (larger minus smaller) |",
             "|---|---|---|---|---|",
             *levels,
+        ]
+    models = [line for step in steps for line in gap_model_lines(step)]
+    if models:
+        lines += [
+            "",
+            "The simplest model the steps support for the gap against the matched level and the size (two stages: each "
+            "seed's gap curve as a line over the levels both sizes reach, then the seeds of a size as replicates; a term "
+            "is kept when its uncorrected 95% interval excludes 0; docs/metrics.md, \"Scale steps\"):",
+            "",
+            *models,
         ]
     return lines

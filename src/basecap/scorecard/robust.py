@@ -204,10 +204,10 @@ def specifications(row: ClaimRow, claim: Claim, study: Study, claims: ClaimsFile
 LEVEL_STEP = 0.05  # the grid of in-domain levels the gap along training is read on
 
 
-def gap_along_training(claim: Claim, study: Study, domains: list[str]) -> dict | None:
-    """A pair claim's gap against the matched in-domain level over the whole of training (annealed points, the
-    study's targets): per level of a 0.05 grid, the mean over the seeds whose pair reaches it, with its 95% t
-    interval where at least 2 do. None for a study without the comparison design or a trend / interaction claim."""
+def seed_gaps(claim: Claim, study: Study, domains: list[str]) -> dict[int, dict[float, float]] | None:
+    """Each seed's gap (the mean over ``domains``) against the matched in-domain level, on the LEVEL_STEP grid, over
+    the levels its pair reaches (annealed points, the study's targets). None for a study without the comparison
+    design, a trend / interaction claim, or no seed with both runs."""
     design = study.summary.get("design") or {}
     if not design.get("band") or claim.expect in ("trend", "interaction") or claim.run is None or claim.reference is None:
         return None
@@ -232,18 +232,20 @@ def gap_along_training(claim: Claim, study: Study, domains: list[str]) -> dict |
         seeds[seed] = [(xa[oa], xb[ob], lo, hi)] + [(ya[oa], yb[ob], 0.0, 0.0) for ya, yb in ys]
     if not seeds:
         return None
-    lo = min(v[0][2] for v in seeds.values())
-    hi = max(v[0][3] for v in seeds.values())
-    grid = [round(float(x), 2) for x in np.arange(math.ceil(lo / LEVEL_STEP) * LEVEL_STEP, hi + 1e-9, LEVEL_STEP)]
+    return _on_grid(seeds)
+
+
+def gap_along_training(claim: Claim, study: Study, domains: list[str]) -> dict | None:
+    """A pair claim's gap against the matched in-domain level over the whole of training (annealed points, the
+    study's targets): per level of a 0.05 grid, the mean over the seeds whose pair reaches it, with its 95% t
+    interval where at least 2 do. None for a study without the comparison design or a trend / interaction claim."""
+    per_seed = seed_gaps(claim, study, domains)
+    if per_seed is None:
+        return None
+    design = study.summary["design"]
     points = []
-    for level in grid:
-        vals = []
-        for v in seeds.values():
-            (xa, xb, plo, phi), doms = v[0], v[1:]
-            if plo <= level <= phi:
-                vals.append(float(np.mean([np.interp(level, xa, ya) - np.interp(level, xb, yb) for ya, yb, _, _ in doms])))
-        if not vals:
-            continue
+    for level in sorted({lv for g in per_seed.values() for lv in g}):
+        vals = [g[level] for g in per_seed.values() if level in g]
         mean = math.fsum(vals) / len(vals)
         ci = None
         if len(vals) >= 2:
@@ -252,6 +254,22 @@ def gap_along_training(claim: Claim, study: Study, domains: list[str]) -> dict |
             ci = [mean - half, mean + half]
         points.append({"level": level, "mean": mean, "ci95": ci, "n": len(vals)})
     return {"band": [float(x) for x in design["band"]], "points": points}
+
+
+def _on_grid(seeds: dict[int, list[tuple[np.ndarray, np.ndarray, float, float]]]) -> dict[int, dict[float, float]]:
+    """Each seed's gap (the mean over domains) at every level of the LEVEL_STEP grid its pair reaches."""
+    lo = min(v[0][2] for v in seeds.values())
+    hi = max(v[0][3] for v in seeds.values())
+    grid = [round(float(x), 2) for x in np.arange(math.ceil(lo / LEVEL_STEP) * LEVEL_STEP, hi + 1e-9, LEVEL_STEP)]
+    out: dict[int, dict[float, float]] = {}
+    for seed, v in seeds.items():
+        (xa, xb, plo, phi), doms = v[0], v[1:]
+        out[seed] = {
+            level: float(np.mean([np.interp(level, xa, ya) - np.interp(level, xb, yb) for ya, yb, _, _ in doms]))
+            for level in grid
+            if plo <= level <= phi
+        }
+    return out
 
 
 def plot_gap_along_training(card: dict, path: Path) -> int:

@@ -16,6 +16,8 @@ from scipy import stats
 
 from ..report.stats import paired_test
 from .compute import claim_values, lacking_runs, level_band, scale_of_config, scale_of_run
+from .gap_model import gap_model
+from .robust import seed_gaps
 from .rows import ClaimRow
 
 if TYPE_CHECKING:
@@ -117,7 +119,9 @@ def scale_steps(root: Path, claims: Any, studies: dict, rows: list[ClaimRow]) ->
         entry["reading"] = reading(entry["test"], c.sign)
         base = studies.get(row["results"]) if row.get("results") else None
         if base is not None and row.get("claim_obj") is not None:
-            entry["levels"] = step_levels(row["claim_obj"], base, c, st, c.domains or claims.domains)
+            domains = c.domains or claims.domains
+            entry["levels"] = step_levels(row["claim_obj"], base, c, st, domains)
+            entry["gap_model"] = gap_model(seed_gaps(row["claim_obj"], base, domains), seed_gaps(c, st, domains))
     return out
 
 
