@@ -18,7 +18,7 @@ import json
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence, cast
+from typing import Literal, Sequence, cast
 
 import numpy as np
 from scipy import stats as sps
@@ -30,13 +30,15 @@ from .stats import ALPHA, SMOOTH, RunCurves, build_comparisons, holm, paired_tes
 from .summary import EXPERIMENT_FILE
 
 GRID = 50
+Points = Literal["evals", "annealed"]  # every evaluation of the main run, or the annealed points and the run's end
+Targets = Literal["all", "seen"]  # every target token, or those seen at least seen_min_count times in training
 
 
 @dataclass(frozen=True)
 class Measure:
     name: str
-    points: str  # "evals" | "annealed"
-    targets: str  # "all" | "seen"
+    points: Points
+    targets: Targets
     band: bool  # the study's band, else the lowest 30% of the common range
 
 
@@ -96,7 +98,7 @@ def load_design(path: Path) -> dict:
     return design
 
 
-def _y(res: DomainEval, targets: str) -> float | None:
+def _y(res: DomainEval, targets: Targets) -> float | None:
     if targets == "all":
         return res["loss"]
     seen = (res.get("strata") or {}).get("seen")
