@@ -337,3 +337,18 @@ def test_a_cuda_machine_plans_for_its_own_gpus(tmp_path, tiny_recipe_path, monke
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *_: "NVIDIA Quadro 9000")
     with pytest.raises(ConfigError, match="--gpu-type"):
         plan_experiment(path)
+
+
+def test_cpu_plan_counts_the_smaller_curve_evaluations(tmp_path, tiny_recipe_path, tiny_corpus):
+    """eval.curve_max_tokens: the main run's evaluations before its last step count at that size."""
+    from basecap.config import load_experiment
+    from basecap.plan.cpu import evaluation_tokens
+    from basecap.plan.table import _evaluations_text, _n
+
+    path = _write(tmp_path, TINY.format(recipe=tiny_recipe_path) + "[eval]\nevery = 25\ncurve_max_tokens = 128\n")
+    home = Path(os.environ["BASECAP_HOME"])
+    ev = evaluation_tokens(load_experiment(path).resolve()[0], home)
+    curve = 2 * 64 * len(tiny_corpus.domains)  # two windows of each domain
+    assert (ev["curve_evaluations"], ev["curve_eval_tokens_each"]) == (3, curve)  # at 25, 50, 75; the one at 100 is whole
+    assert ev["eval_tokens"] == 3 * curve + ev["eval_tokens_each"] + ev["final_eval_tokens"]
+    assert _evaluations_text(ev) == f"3 x {_n(curve)} + 1 x {_n(ev['eval_tokens_each'])} + {_n(ev['final_eval_tokens'])} tokens"

@@ -125,6 +125,7 @@ class _Run:
     bar: Any = None  # tqdm progress bar on rank 0
     wall: dict = field(default_factory=dict)  # run.json's "wall": the sessions whose work the records keep
     t0: float = field(default_factory=time.perf_counter)  # this session's start
+    curve_evaluator: DomainEvaluator | None = None  # eval.curve_max_tokens: the main run's evaluations before its end
     history: list[LevelRecord] = field(default_factory=list)  # evaluations and annealed points so far (cooldown.level_record): where level forks go
 
     def lr_at(self, step: int) -> float:
@@ -216,6 +217,8 @@ def _setup(cfg: RunConfig, rd: RunDir, env: DistEnv, device, amp_dtype, corpus, 
     if env.is_main:
         rd.create()
     batches, evaluator = _data(cfg, env, corpus)
+    curve_tokens = cfg.eval.curve_max_tokens
+    curve_evaluator = _evaluator(cfg, corpus, curve_tokens) if curve_tokens is not None and curve_tokens != cfg.eval.max_tokens else None
     if cfg.train.threads and device.type == "cpu":
         torch.set_num_threads(cfg.train.threads)
     autocast = partial(torch.autocast, device_type=device.type, dtype=amp_dtype) if amp_dtype else None
@@ -255,6 +258,7 @@ def _setup(cfg: RunConfig, rd: RunDir, env: DistEnv, device, amp_dtype, corpus, 
         train_flops_per_token=3 * info["flops_per_token"],
         peak_flops=peak["per_device"] * env.world_size,
         wall=wall,
+        curve_evaluator=curve_evaluator,
         history=[level_record(r, cfg.train.cooldown_level_domains) for r in points(kept)],
     )
     if cfg.train.progress and env.is_main:
@@ -280,17 +284,21 @@ def _data(cfg: RunConfig, env: DistEnv, corpus) -> tuple[Any, DomainEvaluator]:
         world_size=env.world_size,
         retrieval=cfg.data.retrieval,
     )
-    evaluator = DomainEvaluator(
+    return batches, _evaluator(cfg, corpus, cfg.eval.max_tokens)
+
+
+def _evaluator(cfg: RunConfig, corpus, max_tokens: int) -> DomainEvaluator:
+    """The evaluator of the evaluation domains on ``max_tokens`` tokens of each."""
+    return DomainEvaluator(
         corpus,
         cfg.data.eval_domains or corpus.domains,
         cfg.eval.split,
         cfg.data.seq_len,
         cfg.eval.batch_size,
-        cfg.eval.max_tokens,
+        max_tokens,
         train_weights=cfg.data.train_weights,
         seen_min_count=cfg.eval.seen_min_count,
     )
-    return batches, evaluator
 
 
 def _resume(cfg: RunConfig, rd: RunDir, model, opt, log) -> int:
@@ -404,7 +412,10 @@ def _record_step(run: _Run, done: int, loss: float, lr: float, gnorm, tokens_per
 def _evaluate(run: _Run, step: int, kind: Literal["eval", "anneal"] = EVAL, extra: dict | None = None) -> PointRecord:
     """Loss and bits per byte of every evaluation domain (and per training-frequency stratum of the target),
     appended to metrics.jsonl; ``kind="anneal"`` for a cooldown branch's point (``extra``: its fields)."""
-    res = run.evaluator.evaluate(run.model, run.device, run.autocast)  # every rank (FSDP needs all of them); rank 0 writes
+    evaluator = run.evaluator
+    if kind == EVAL and step < run.cfg.train.steps and run.curve_evaluator is not None:
+        evaluator = run.curve_evaluator  # eval.curve_max_tokens: a main-run evaluation before the last step
+    res = evaluator.evaluate(run.model, run.device, run.autocast)  # every rank (FSDP needs all of them); rank 0 writes
     rec = cast(
         PointRecord,
         {

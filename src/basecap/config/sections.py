@@ -174,6 +174,13 @@ class EvalConfig(Strict):
     every: int = Field(50, gt=0, description="evaluate every K steps (and at the last step)")
     split: Literal["validation", "test"] = "validation"
     max_tokens: int = Field(65536, gt=0, description="evaluation tokens per domain (windows spread over the split)")
+    curve_max_tokens: int | None = Field(
+        None,
+        gt=0,
+        description="tokens per domain for the main run's evaluations before its last step, which place level forks and draw "
+        "the training curves but are not what the comparison design compares (annealed points and the last evaluation "
+        "keep max_tokens); unset: max_tokens",
+    )
     batch_size: int = Field(8, gt=0, le=MAX_BATCH)
     seen_min_count: int = Field(
         10,

@@ -86,24 +86,27 @@ def evaluation_tokens(rc: RunConfig, home=None) -> dict:
     level fork, at most one a level), then the final test evaluation of ``basecap run``; each over every evaluation
     domain's windows (``min(eval.max_tokens, split tokens - 1) // seq_len`` windows of ``seq_len`` tokens). The split
     sizes and domains come from the recipe's corpus when it is built; otherwise every split counts at
-    ``eval.max_tokens`` and the recipe's optional domains are left out."""
+    ``eval.max_tokens`` and the recipe's optional domains are left out. With ``eval.curve_max_tokens`` the main run's
+    evaluations before its last step count at that size instead."""
     tr, T = rc.train, rc.data.seq_len
     main = tr.steps // rc.eval.every + (1 if tr.steps % rc.eval.every else 0)
     branches = len(tr.cooldowns) + len(tr.cooldown_levels)
     cap = rc.eval.max_tokens // T
+    curve_cap = (rc.eval.curve_max_tokens or rc.eval.max_tokens) // T
     manifest = built_manifest(rc.data.recipe, home)
     if manifest is not None:
         info = manifest["domains"]
         domains = rc.data.eval_domains or list(info)
 
-        def windows(d: str, split: str) -> int:
+        def windows(d: str, split: str, at_most: int = cap) -> int:
             try:
                 n = int(info[d]["splits"][split]["tokens"])
             except (KeyError, TypeError, ValueError):
-                return cap
-            return min(cap, max(n - 1, 0) // T)
+                return at_most
+            return min(at_most, max(n - 1, 0) // T)
 
         each = sum(windows(d, rc.eval.split) for d in domains) * T
+        curve_each = sum(windows(d, rc.eval.split, curve_cap) for d in domains) * T
         final = sum(windows(d, "test") for d in domains) * T
         source = f"corpus {manifest.get('recipe_name', rc.data.recipe)} as built"
     else:
@@ -115,13 +118,16 @@ def evaluation_tokens(rc: RunConfig, home=None) -> dict:
         except (ConfigError, OSError, ValueError):
             domains = rc.data.eval_domains or []
         each = final = len(domains) * cap * T
+        curve_each = len(domains) * curve_cap * T
         source = "recipe (corpus not built: every split counted at eval.max_tokens)"
     return {
         "evaluations": main + branches + 1,
         "eval_domains": len(domains),
         "eval_tokens_each": each,
+        "curve_evaluations": main - 1 if curve_each != each else 0,
+        "curve_eval_tokens_each": curve_each,
         "final_eval_tokens": final,
-        "eval_tokens": (main + branches) * each + final,
+        "eval_tokens": (main - 1) * curve_each + (1 + branches) * each + final,
         "eval_source": source,
     }
 

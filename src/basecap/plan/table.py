@@ -6,6 +6,13 @@ from __future__ import annotations
 import json
 
 
+def _evaluations_text(r: dict) -> str:
+    """``N x tokens + final tokens``, with the main run's smaller evaluations (eval.curve_max_tokens) apart."""
+    n, curve = r["evaluations"] - 1, r.get("curve_evaluations", 0)
+    smaller = f"{curve} x {_n(r['curve_eval_tokens_each'])} + " if curve else ""
+    return f"{smaller}{n - curve} x {_n(r['eval_tokens_each'])} + {_n(r['final_eval_tokens'])} tokens"
+
+
 def _n(x: float, unit: str = "") -> str:
     for div, suf in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
         if abs(x) >= div:
@@ -158,11 +165,7 @@ def format_cpu_plan(rows: list[dict]) -> str:
     for source, names in by_source.items():
         lines.append(f"  {', '.join(names)}: {source}")
     lines += ["", "evaluations (every eval.every steps, one per cooldown branch and level, then basecap run's final test evaluation):"]
-    lines += [
-        f"  {r['run']:<{w}}{r['evaluations'] - 1} x {_n(r['eval_tokens_each'])} + {_n(r['final_eval_tokens'])} tokens "
-        f"over {r['eval_domains']} domain(s), from the {r['eval_source']}"
-        for r in rows
-    ]
+    lines += [f"  {r['run']:<{w}}{_evaluations_text(r)} over {r['eval_domains']} domain(s), from the {r['eval_source']}" for r in rows]
     lines += _branch_and_issue_lines(rows, w)
     runs = sum(r["seeds"] for r in rows)
     lines += [
