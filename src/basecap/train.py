@@ -137,9 +137,10 @@ class _Run:
 
 
 def train(cfg: RunConfig, run_dir, corpus=None, log=print, stop_at: int | None = None) -> PointRecord | dict[str, Any]:
-    """Train one run into ``run_dir`` (resuming from its last good checkpoint) and return the final
-    evaluation record ({} when ``stop_at`` left it unfinished before any evaluation). A finished run is not trained again. ``cfg`` is a resolved run config. ``stop_at``: leave
-    after that many steps (and a branch forked there), unfinished: ``basecap.replay`` rebuilds a run's state so."""
+    """Train one run into ``run_dir`` (resuming from its last good checkpoint) and return the final evaluation
+    record ({} when ``stop_at`` left it before any evaluation). A finished run is not trained again. ``cfg`` is a
+    resolved run config. ``stop_at``: leave after that many steps (and a branch forked there), unfinished:
+    ``basecap.replay`` rebuilds a run's state so."""
     check_loggers(cfg.train.loggers)  # a missing optional package fails before any compute
     device, amp_dtype = resolve_device(cfg, int(os.environ.get("LOCAL_RANK", "0")))
     env = init_distributed(device.type, cfg.train.dist_timeout_s)
