@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from basecap.bench.cost import format_table, group_costs, main, run_cost
+from basecap.bench.cost import format_before_after, format_table, group_costs, main, run_cost
 from basecap.train import train
 from test_train import run_cfg
 
@@ -26,6 +26,9 @@ def test_a_run_is_split_into_steps_branches_and_the_rest(tiny_corpus, tiny_recip
     (g,) = group_costs([row, row, {"run": "x", "skipped": "no wall clock in run.json"}])
     assert g["runs"] == 2 and g["wall"] == row["wall"]
     assert "| attention | None | no | 2 |" in format_table([g])
-    main([str(tmp_path / "r"), str(tmp_path / "nothing"), "--out", str(tmp_path / "out")])
+    main([str(tmp_path / "r"), str(tmp_path / "nothing"), "--out", str(tmp_path / "out"), "--before", str(tmp_path / "r")])
     out = capsys.readouterr().out
     assert "skipped" in out and json.loads((tmp_path / "out" / "cost.json").read_text())["groups"][0]["mixer"] == "attention"
+    assert "before (--before) and after" in out and "| +0% |" in out
+    half = {**g, "wall": g["wall"] / 2, "rest": 0.0}
+    assert "| attention | None | 2 / 2 |" in format_before_after([g], [half]) and "| -50% |" in format_before_after([g], [half])

@@ -14,7 +14,8 @@ For every finished run given (run folders, kept or live), from its ``run.json`` 
 
 Runs are grouped by mixer, thread count and ``train.compile``; the table gives the median of each field per group
 (seconds), the share of the wall clock each part takes, and the number of runs. ``--out DIR`` writes ``cost.json``
-(every run's fields and the groups' medians). A run without ``wall`` (copied before walls were recorded) or without
+(every run's fields and the groups' medians); ``--before RUNS...`` adds the same mixers' runs before a cost cut, and
+a table of the wall clock before and after. A run without ``wall`` (copied before walls were recorded) or without
 training records is listed as skipped, with the reason.
 """
 
@@ -99,20 +100,48 @@ def format_table(groups: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def format_before_after(before: list[dict[str, Any]], after: list[dict[str, Any]]) -> str:
+    """Per mixer (and thread count) in both: the median wall clock, evaluation tokens and the rest before and after,
+    and the change of the wall clock. ``compile`` is not part of the key: turning it on is one of the cuts."""
+    old = {(g["mixer"], g["threads"]): g for g in before}
+    lines = [
+        "| mixer | threads | runs before / after | wall s before | wall s after | change | eval / train tokens before / after "
+        "| evaluations, checkpoints, setup s before / after |",
+        "|" + "---|" * 8,
+    ]
+    for g in after:
+        b = old.get((g["mixer"], g["threads"]))
+        if b is None:
+            continue
+        lines.append(
+            f"| {g['mixer']} | {g['threads']} | {b['runs']} / {g['runs']} | {b['wall']:,.0f} | {g['wall']:,.0f} "
+            f"| {g['wall'] / b['wall'] - 1:+.0%} | {b['eval_tokens'] / b['train_tokens']:.2f} / {g['eval_tokens'] / g['train_tokens']:.2f} "
+            f"| {b['rest']:,.0f} / {g['rest']:,.0f} |"
+        )
+    return "\n".join(lines)
+
+
+def _expand(patterns: list[str]) -> list[str]:
+    return sorted({p for pattern in patterns for p in (glob.glob(pattern) or [pattern])})
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="basecap bench cost", description=__doc__.split("\n\n")[0])
     ap.add_argument("runs", nargs="+", help="run folders or glob patterns (e.g. 'results/architectures_rate_arms/runs/*-s*')")
     ap.add_argument("--out", help="folder for cost.json")
+    ap.add_argument("--before", nargs="+", metavar="RUN", help="runs of the same mixers before a cut: print them beside the runs given")
     args = ap.parse_args(argv)
-    paths = sorted({p for pattern in args.runs for p in (glob.glob(pattern) or [pattern])})
-    rows = [run_cost(p) for p in paths]
+    rows = [run_cost(p) for p in _expand(args.runs)]
     groups = group_costs(rows)
     print(format_table(groups))
+    baseline = group_costs([run_cost(p) for p in _expand(args.before)]) if args.before else None
+    if baseline is not None:
+        print("\nbefore (--before) and after (the runs given):\n" + format_before_after(baseline, groups))
     skipped = [r for r in rows if "skipped" in r]
     for r in skipped:
         print(f"skipped {r['run']}: {r['skipped']}")
     if args.out:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
-        (out / "cost.json").write_text(json.dumps({"groups": groups, "runs": rows}, indent=1) + "\n")
+        (out / "cost.json").write_text(json.dumps({"groups": groups, "runs": rows, "before": baseline}, indent=1) + "\n")
         print(f"written: {out / 'cost.json'}")
