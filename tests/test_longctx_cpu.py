@@ -31,12 +31,16 @@ def _subject(corpus, seq_len: int) -> Subject:
 
 def test_the_study_trains_at_1k_with_retrieval_prompts_and_tests_at_1_to_16x():
     exp, runs = resolve_experiment(STUDY, [])
-    assert {rc.name for rc in runs} == {"transformer_pp", "top1_chunk", "mamba2"} and exp.reference == "transformer_pp"
+    design_1, design_2 = {"transformer_pp", "top1_chunk", "mamba2"}, {"transformer_pp_packed", "top1_chunk_packed"}
+    assert {rc.name for rc in runs} == design_1 | design_2 and exp.reference == "transformer_pp"
     for rc in runs:
         assert rc.data.seq_len == rc.model.max_seq_len == 1024 and (rc.model.d_model, rc.model.n_layers) == (128, 4)
         assert rc.data.retrieval is not None and rc.data.retrieval.tasks == ["passkey", "niah"]
-    top1 = next(rc for rc in runs if rc.name == "top1_chunk").model.mixer
-    assert (top1.selection, top1.own_chunk, top1.chunk_len) == ("approx", "candidate", 1024 // 16)
+        # design 2 packs several prompts into each retrieval window; design 1 fills a window with one
+        assert rc.data.retrieval.min_prompt_len == (160 if rc.name in design_2 else None)
+    for name in ("top1_chunk", "top1_chunk_packed"):
+        top1 = next(rc for rc in runs if rc.name == name).model.mixer
+        assert (top1.selection, top1.own_chunk, top1.chunk_len) == ("approx", "candidate", 1024 // 16)
     suites = {s["suite"]: s for s in exp.suites}
     assert suites["passkey"]["factors"] == suites["niah"]["factors"] == [1, 4, 8, 16]
     assert suites["extrapolation"]["factor"] == 16
