@@ -42,7 +42,8 @@ import basecap.train as train_mod
 from basecap.checkpoint import CheckpointError, _sha256, list_checkpoints, load_weights, restore, verify_checkpoint
 from basecap.model import build_model
 from basecap.rundir import RunDirBusy
-from basecap.train import make_optimizer, train
+from basecap.optim import make_optimizer
+from basecap.train import train
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="forked children, flock and RLIMIT_FSIZE as on Linux")
 

@@ -97,7 +97,7 @@ LAYERS = [
     ["config_base", "atomic", "records", "ops", "kernels", "distributed", "presets"],
     ["data", "mixers", "tracking"],
     ["model", "matching", "config"],
-    ["rundir", "checkpoint", "peak"],
+    ["rundir", "checkpoint", "peak", "optim"],
     ["train", "cooldown", "replay", "eval", "report", "reuse", "compile"],
     ["experiment", "bench", "hf", "catalog", "plan", "sweep", "tune", "scorecard", "compare", "leaderboard"],
     ["cli", "__main__", "lm_eval_plugin"],

@@ -19,7 +19,6 @@ import os
 import statistics
 import sys
 import time
-from contextlib import nullcontext
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Callable, Literal, cast
@@ -34,6 +33,7 @@ from .config_base import ConfigError
 from .distributed import DistEnv, grad_sync, init_distributed, mean_across_ranks, wrap
 from .eval.ood import DomainEvaluator, in_domain_loss
 from .model import build_model
+from .optim import make_optimizer, optimizer_step
 from .records import EVAL, TRAIN, AnnealRecord, LevelRecord, MetricsRecord, PointRecord, TrainRecord, eval_at, points, trains
 from .peak import PEAK_MATMUL_SIZE, matmul_peak_flops, mfu_fields, mfu_text, peak_flops  # noqa: F401 - re-exported
 from .rundir import RunDir, environment_info
@@ -95,13 +95,6 @@ def cooldown_lr(k: int, length: int, start_lr: float, floor: float, shape: str) 
 def mfu(tokens_per_s: float, train_flops_per_token: float, peak_flops: float) -> float:
     """Model FLOPs utilisation: achieved model FLOP/s over the peak FLOP/s (of every device together)."""
     return tokens_per_s * train_flops_per_token / peak_flops
-
-
-def make_optimizer(model: torch.nn.Module, cfg) -> torch.optim.Optimizer:
-    decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
-    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, foreach=True)
 
 
 @dataclass
@@ -353,37 +346,40 @@ def _run_info(cfg: RunConfig, model, corpus, env: DistEnv, device) -> dict:
 
 
 def _step(run: _Run, step: int, lr: float | None = None) -> tuple[float, float, torch.Tensor]:
-    """One optimizer step (0-based ``step``) on the batch of that step: micro-batches with gradient accumulation,
-    clipping, AdamW, at ``lr`` (default: the schedule's). Returns (loss, learning rate, gradient norm); stops the
-    run on a non-finite loss."""
+    """One optimizer step (0-based ``step``) on the batch of that step (``optim.optimizer_step``: micro-batches with
+    gradient accumulation, clipping, AdamW) at ``lr`` (default: the schedule's). Returns (loss, learning rate,
+    gradient norm); stops the run on a non-finite loss before the weights change."""
     tc = run.cfg.train
     lr = lr_at(step, tc) if lr is None else lr
-    for g in run.opt.param_groups:
-        g["lr"] = lr
-    loss_sum = 0.0
     xb, yb = run.batches.batch(step)
-    micro = list(zip(xb.chunk(tc.grad_accum), yb.chunk(tc.grad_accum)))
-    for i, (x, y) in enumerate(micro):
-        x, y = x.to(run.device, non_blocking=True), y.to(run.device, non_blocking=True)
-        with grad_sync(run.model, tc.parallel, run.env, sync=i == len(micro) - 1):
-            with run.autocast() if run.autocast else nullcontext():
-                loss = _loss(run.model, x, y) / tc.grad_accum
-            loss.backward()
-        loss_sum += loss.item()
-    loss_sum = mean_across_ranks(loss_sum, run.env)
-    if not math.isfinite(loss_sum):
+    dev = run.device
+
+    def loss_fn(x, y):
+        return _loss(run.model, x.to(dev, non_blocking=True), y.to(dev, non_blocking=True))
+
+    def check(loss: float) -> None:
+        if math.isfinite(loss):
+            return
         if run.bar:
             run.bar.close()
         good = latest_good_checkpoint(run.rd.checkpoints, log=lambda *_: None)
         raise TrainingDiverged(
-            f"[{run.cfg.run_id}] loss is {loss_sum} at step {step + 1}; stopped. "
-            f"Saved checkpoints are intact (latest: {good.name if good else 'none'})."
+            f"[{run.cfg.run_id}] loss is {loss} at step {step + 1}; stopped. Saved checkpoints are intact (latest: {good.name if good else 'none'})."
         )
-    gnorm = torch.nn.utils.clip_grad_norm_(run.model.parameters(), tc.grad_clip if tc.grad_clip > 0 else float("inf"))
-    gnorm = gnorm.full_tensor() if hasattr(gnorm, "full_tensor") else gnorm
-    run.opt.step()
-    run.opt.zero_grad(set_to_none=True)
-    return loss_sum, lr, gnorm
+
+    loss, gnorm = optimizer_step(
+        run.model,
+        run.opt,
+        zip(xb.chunk(tc.grad_accum), yb.chunk(tc.grad_accum)),
+        lr=lr,
+        loss_fn=loss_fn,
+        grad_clip=tc.grad_clip,
+        sync=lambda last: grad_sync(run.model, tc.parallel, run.env, sync=last),
+        autocast=run.autocast,
+        reduce=lambda v: mean_across_ranks(v, run.env),
+        check=check,
+    )
+    return loss, lr, gnorm
 
 
 def _loss(model, x, y):

@@ -65,7 +65,7 @@ def _compiled_vs_eager(cfg, vocab_size: int, batches) -> dict[str, list[tuple[fl
     process CPU seconds, loss) of each."""
     from ..compile import compile_for_training
     from ..model import build_model
-    from ..train import make_optimizer
+    from ..optim import make_optimizer
 
     sides = {}
     for name in ("eager", "compiled"):
@@ -170,7 +170,8 @@ def _measure_windows(args, cfg, corpus, batches) -> dict:
     from ..model import build_model
     from ..peak import matmul_peak_flops
     from ..rundir import RunDir
-    from ..train import make_optimizer, train
+    from ..optim import make_optimizer
+    from ..train import train
 
     tok = args.batch * args.seq_len
     m: dict[str, list] = {k: [] for k in ("trainer_tps", "plain_tps", "plain_cpu_tps", "peaks", "cpu_peaks", "trainer_mfu", "compiled")}

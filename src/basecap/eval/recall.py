@@ -70,15 +70,17 @@ class MqarTask:
 
 @dataclass(frozen=True)
 class MqarTraining:
-    """The optimiser settings of an MQAR training: ``steps`` batches of ``batch_size`` new sequences; AdamW at
-    peak ``lr`` with ``weight_decay`` on matrices, linear warmup over ``warmup_frac`` of the steps, then cosine
-    decay to 10%."""
+    """The optimiser settings of an MQAR training: ``steps`` batches of ``batch_size`` new sequences; AdamW
+    (``optim.make_optimizer``, the main loop's) at peak ``lr`` with ``betas`` and ``weight_decay`` on matrices,
+    linear warmup over ``warmup_frac`` of the steps, then cosine decay to 10%; gradients clipped at ``grad_clip``."""
 
     steps: int = 1000
     batch_size: int = 32
     lr: float = 1e-3
     weight_decay: float = 0.1
     warmup_frac: float = 0.02
+    betas: tuple[float, float] = (0.9, 0.98)
+    grad_clip: float = 1.0
 
 
 @torch.no_grad()
@@ -157,28 +159,27 @@ def fit_mqar(
 ) -> tuple[list[tuple[int, float]], list[dict]]:
     """Train ``model`` on ``data`` (``mqar_training_set``'s), one batch a step; returns the loss curve (every 50
     steps and the last) and the test evaluations every ``eval_every`` steps before the last."""
+    from ..optim import make_optimizer, optimizer_step
+
     inputs, targets = data
-    steps, batch_size, lr = training.steps, training.batch_size, training.lr
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.dim() < 2]
-    groups = [{"params": decay, "weight_decay": training.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    opt = torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.98))
+    steps, batch_size = training.steps, training.batch_size
+    opt = make_optimizer(model, training)
     warm = max(1, int(training.warmup_frac * steps))
     curve, evals = [], []
     model.train()
     for step in range(steps):
-        f = lr_factor(step, warm, steps)
-        for g in opt.param_groups:
-            g["lr"] = lr * f
         x = inputs[step * batch_size : (step + 1) * batch_size].to(device)
         y = targets[step * batch_size : (step + 1) * batch_size].to(device)
-        loss, _ = model(x, targets=y, ignore_index=IGNORE)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
+        loss, _ = optimizer_step(
+            model,
+            opt,
+            [(x, y)],
+            lr=training.lr * lr_factor(step, warm, steps),
+            loss_fn=lambda a, b: model(a, targets=b, ignore_index=IGNORE)[0],
+            grad_clip=training.grad_clip,
+        )
         if step % 50 == 0 or step == steps - 1:
-            curve.append((step, round(loss.item(), 4)))
+            curve.append((step, round(loss, 4)))
         if eval_every and (step + 1) % eval_every == 0 and step + 1 < steps:
             evals.append({"step": step + 1, **eval_mqar(model, task, seed=seed)})
     return curve, evals

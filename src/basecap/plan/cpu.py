@@ -236,7 +236,7 @@ def measure_rate(rc: RunConfig, vocab: int, threads: int, warmup: int = CALIBRAT
     batch (in ``grad_accum`` micro-batches) of random tokens at its ``seq_len``; the median of ``steps`` steps after
     ``warmup``."""
     from ..model import LM
-    from ..train import make_optimizer
+    from ..optim import make_optimizer, optimizer_step
 
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
@@ -252,12 +252,7 @@ def measure_rate(rc: RunConfig, vocab: int, threads: int, warmup: int = CALIBRAT
         times = []
         for _ in range(warmup + steps):
             t = time.perf_counter()
-            for _ in range(tr.grad_accum):
-                loss, _ = model(x, targets=y)
-                (loss / tr.grad_accum).backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), tr.grad_clip if tr.grad_clip > 0 else float("inf"))
-            opt.step()
-            opt.zero_grad(set_to_none=True)
+            optimizer_step(model, opt, [(x, y)] * tr.grad_accum, lr=tr.lr, loss_fn=lambda a, b: model(a, targets=b)[0], grad_clip=tr.grad_clip)
             times.append(time.perf_counter() - t)
     finally:
         torch.set_num_threads(before)
