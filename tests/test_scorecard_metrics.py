@@ -192,6 +192,24 @@ def test_speed_ratio_thresholds_one_step_either_side(tmp_path):
     assert "speed.json not published yet" in _row(claims, tmp_path)["detail"]
 
 
+def test_a_speed_file_read_after_an_earlier_one_counts_that_look(tmp_path):
+    """A benchmark measured again after a first file was read (looks_taken, the first file's repeats) is read by
+    Bonferroni over both looks: its p values doubled, and the row says so in repeats, not seeds."""
+    ref, base = [4.0, 4.2, 3.9, 4.1], [1.0, 1.05, 0.97, 1.02]
+    _speed_json(tmp_path, base, ref)
+    once = _row(_file([_speed_claim()]), tmp_path)["test"]
+    again = _row(_file([_speed_claim(looks_taken=[4], looks_reason="a first file")]), tmp_path)["test"]
+    assert again["p_holds_plan"] == pytest.approx(min(1.0, 2 * once["p_holds"]))
+    assert again["p_fails_plan"] == pytest.approx(min(1.0, 2 * once["p_fails"]))
+    assert once["p_holds_plan"] == once["p_holds"] and not once["plan"]
+    assert again["plan"] == "read after undeclared looks at 4 repeats: Bonferroni over 2 looks"
+    for bad, match in [(_speed_claim(looks_taken=[4]), "looks_reason"), (_speed_claim(looks_taken=[1], looks_reason="r"), "at least 2")]:
+        with pytest.raises(Exception, match=match):
+            _file([bad])
+    with pytest.raises(Exception, match="looks_taken"):
+        _file([_acc_claim(looks_taken=[4], looks_reason="r")])
+
+
 def test_a_speed_file_of_another_schema_is_an_error(tmp_path):
     p = tmp_path / "speed.json"
     p.write_text(json.dumps({"meta": {}, "results": {}}))

@@ -109,6 +109,9 @@ class Claim(Strict):
     # 65536, threads = 1 } (docs/metrics.md, "Scores that are not losses": the schema of speed.json)
     records: str | None = None  # speed_ratio: the benchmark's file in the study's results folder (default speed.json)
     bench_names: dict[str, str] = {}  # speed_ratio: the benchmark's name of a run where it differs (its variant)
+    looks_taken: list[int] = []  # speed_ratio: earlier benchmark files read before ``records`` (their repeats, both
+    # sides together): the claim is read by Bonferroni over them and this one, as a study's undeclared looks are
+    looks_reason: str | None = None  # where those looks are recorded
     score: list[ScoreSource] = []  # accuracy: the run's score, the mean of these suite results' values
     analogue_of: str | None = None  # a CPU analogue of a claim at the paper's GPU scale: that claim's id
 
@@ -153,7 +156,7 @@ class Claim(Strict):
         """A claim whose statistic is not the loss gap: a run against a reference, its own margin in the metric's
         unit, and where its records are read; a loss claim has none of these (its margin is the file's)."""
         if self.metric == "ood_gap":
-            extra = [k for k in ("margin", "at", "score", "records", "bench_names") if getattr(self, k)]
+            extra = [k for k in ("margin", "at", "score", "records", "bench_names", "looks_taken") if getattr(self, k)]
             if extra:
                 raise ValueError(
                     f"{', '.join(extra)}: only a claim whose metric is not the OOD loss gap has its own (this one's margin is the file's)"
@@ -174,11 +177,13 @@ class Claim(Strict):
                 raise ValueError(f"bench_names: names the benchmark's variant of the run or the reference, got {sorted(self.bench_names)}")
             if self.records is not None and (Path(self.records).name != self.records or not self.records.endswith(".json")):
                 raise ValueError(f"records: a JSON file name in the study's results folder, got {self.records!r}")
+            if any(n < 2 for n in self.looks_taken) or (self.looks_taken and not self.looks_reason):
+                raise ValueError("looks_taken: the repeats (at least 2) of each earlier look, with looks_reason saying where they are recorded")
         elif self.metric == "accuracy":
             if not 0 < self.margin < 100:
                 raise ValueError(f"margin: an accuracy's margin is in points, in (0, 100), got {self.margin:g}")
-            if not self.score or self.at or self.records is not None or self.bench_names:
-                raise ValueError("score: an accuracy claim names the suite results its score is read from, and no at, records or bench_names")
+            if not self.score or self.at or self.records is not None or self.bench_names or self.looks_taken:
+                raise ValueError("score: an accuracy claim names the suite results its score is read from, and no at, records, bench_names or looks_taken")
 
     @property
     def higher_is_better(self) -> bool:

@@ -209,7 +209,9 @@ def metric_row(row: ClaimRow, claim: Claim, claims: Any, studies: dict, root: Pa
             return
         test = welch_tests(claim, samples[0], samples[1], margin)
         row.update({"results": folder, "seeds": [], "values": [], "seconds": {"run": samples[0], "reference": samples[1]}})
-        plan = Plan()  # the repeats of a benchmark are not a study's seeds: no looks
+        # the repeats of a benchmark are not a study's seeds: no declared plan, but a file read after an earlier one
+        # (looks_taken) counts that look, by Bonferroni
+        plan = Plan(looks_taken=tuple(claim.looks_taken), unit="repeats")
     else:
         st = studies.get(folder)
         if st is None:

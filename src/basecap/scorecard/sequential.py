@@ -113,6 +113,7 @@ class Plan:
     looks: tuple[int, ...] = ()  # declared before the first look: the seed counts at which it is read
     spending: str = "obrien_fleming"
     looks_taken: tuple[int, ...] = ()  # undeclared earlier looks (seed counts), recorded after the fact
+    unit: str = "seeds"  # what the counts count (a benchmark's looks count repeats)
 
     def adjust(self, p: float, n: int) -> tuple[float, str]:
         """The claim's p value at ``n`` seeds under the plan, and how it was read (one line)."""
@@ -127,7 +128,7 @@ class Plan:
         earlier = [s for s in self.looks_taken if s < n]
         if earlier:
             looks = len(earlier) + 1
-            return min(1.0, looks * p), f"read after undeclared looks at {', '.join(map(str, earlier))} seeds: Bonferroni over {looks} looks"
+            return min(1.0, looks * p), f"read after undeclared looks at {', '.join(map(str, earlier))} {self.unit}: Bonferroni over {looks} looks"
         return p, ""
 
     def nominal_level(self, a: float, n: int) -> float:
