@@ -48,3 +48,13 @@ def test_the_command_prints_the_table_and_writes_nothing(tmp_path, capsys, monke
     out = capsys.readouterr().out
     assert "| `limited_exposes_mixed_hides` | undecided | +0.100 [+0.000, +0.200] |" in out and "verdicts changed" in out
     assert (root / "results" / "scorecard.json").read_bytes() == before
+
+
+def test_a_speed_ratio_and_an_accuracy_read_in_their_own_units():
+    """A row in the card's own form (it names what it expects) shows a speed ratio as a ratio and an accuracy in
+    points, as SCORECARD.md does; a bare row falls back to the loss gap's numbers."""
+    speed = row("s", "holds", 2.169, [2.116, 2.221], metric="speed_ratio", expect="better")
+    acc = row("a", "undecided", -3.0, [-12.5, 6.5], metric="accuracy", expect="no_effect")
+    got = {r["id"]: r for r in verdict_changes(card(), card(speed, acc))}
+    assert got["s"]["now_estimate"] == "8.75x [8.30x, 9.22x]"
+    assert got["a"]["now_estimate"].startswith("-3.0") and "[-12.5" in got["a"]["now_estimate"]

@@ -4,7 +4,10 @@ robustness reading of now (``basecap scorecard --against OLD.json``; an earlier 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
+
+from .render_cells import estimate_text
+from .rows import ClaimRow
 
 
 def _reading(row: dict[str, Any] | None) -> tuple[str, str]:
@@ -14,6 +17,8 @@ def _reading(row: dict[str, Any] | None) -> tuple[str, str]:
     t = row.get("test") or {}
     if t.get("mean") is None:
         return str(row.get("verdict", "-")), "-"
+    if "expect" in row:  # the card's own form: a speed ratio as "8.75x [8.30x, 9.22x]", an accuracy in points
+        return str(row["verdict"]), estimate_text(cast(ClaimRow, row))
     ci = t.get("ci95")
     return str(row["verdict"]), f"{t['mean']:+.3f}" + (f" [{ci[0]:+.3f}, {ci[1]:+.3f}]" if ci else "")
 
