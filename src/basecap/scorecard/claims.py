@@ -183,7 +183,9 @@ class Claim(Strict):
             if not 0 < self.margin < 100:
                 raise ValueError(f"margin: an accuracy's margin is in points, in (0, 100), got {self.margin:g}")
             if not self.score or self.at or self.records is not None or self.bench_names or self.looks_taken:
-                raise ValueError("score: an accuracy claim names the suite results its score is read from, and no at, records, bench_names or looks_taken")
+                raise ValueError(
+                    "score: an accuracy claim names the suite results its score is read from, and no at, records, bench_names or looks_taken"
+                )
 
     @property
     def higher_is_better(self) -> bool:
