@@ -114,22 +114,22 @@ def sweep_name(name: str, point: dict[str, Any], labels: dict[str, str]) -> str:
     return f"{name}@{','.join(parts)}" if parts else name
 
 
-def _bool_as_number(annotation: Any, value: Any) -> bool:
+def bool_as_number(annotation: Any, value: Any) -> bool:
     """Whether ``value`` holds a boolean where ``annotation`` admits only numbers (pydantic reads True as 1)."""
     origin, args = get_origin(annotation), get_args(annotation)
     if origin is Annotated:
-        return _bool_as_number(args[0], value)
+        return bool_as_number(args[0], value)
     if origin in (Union, types.UnionType):
         arms = [a for a in args if a is not type(None)]
-        return bool(arms) and all(_bool_as_number(a, value) for a in arms)
+        return bool(arms) and all(bool_as_number(a, value) for a in arms)
     if isinstance(value, bool):
         return annotation in (int, float)
     if isinstance(value, (list, tuple)) and origin in (list, tuple, set, frozenset) and args:
         if origin is tuple and args[-1] is not Ellipsis:
-            return any(_bool_as_number(a, v) for a, v in zip(args, value))
-        return any(_bool_as_number(args[0], v) for v in value)
+            return any(bool_as_number(a, v) for a, v in zip(args, value))
+        return any(bool_as_number(args[0], v) for v in value)
     if isinstance(value, dict) and origin is dict and len(args) == 2:
-        return any(_bool_as_number(args[1], v) for v in value.values())
+        return any(bool_as_number(args[1], v) for v in value.values())
     return False
 
 
@@ -145,7 +145,7 @@ class Strict(BaseModel):
         if isinstance(data, dict):
             for key, value in data.items():
                 field = cls.model_fields.get(key) if isinstance(key, str) else None
-                if field is not None and _bool_as_number(field.annotation, value):
+                if field is not None and bool_as_number(field.annotation, value):
                     raise PydanticCustomError("bool_as_number", "a boolean is not a number", {"field": key, "value": value})
         return data
 
@@ -160,6 +160,8 @@ def format_validation_error(err: ValidationError, prefix: str = "") -> str:
         loc = ".".join(parts)
         key = f"{prefix}.{loc}" if prefix and loc else (prefix or loc)
         msg = "unknown key" if e["type"] == "extra_forbidden" else e["msg"].removeprefix("Value error, ")
+        if loc and msg.startswith(loc + "."):  # a check that names its own key's path (config.overlay)
+            key, got = prefix, False
         got = got and not isinstance(value, dict)
         lines.append(f"  {key + ': ' if key else ''}{msg}" + (f" (got {value!r})" if got else ""))
     return "invalid configuration:\n" + "\n".join(lines)

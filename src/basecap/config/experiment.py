@@ -34,6 +34,7 @@ from ..config_base import (
     valid_name,
     value_label,
 )
+from .overlay import OVERLAYS, DataOverlay, EvalOverlay, ModelOverlay, TrainOverlay, check_overlay
 from .run import SECTIONS, RunConfig, check_run_key, validate_point
 from .sections import (
     CompareConfig,
@@ -104,11 +105,13 @@ class ExperimentConfig(Strict):
         "(band, match_domains, targets, points; docs/metrics.md); absent: the lowest 30% "
         "of each pair's common range, every target, the evaluations",
     )
-    data: dict[str, Any] = Field(default_factory=dict)
-    model: dict[str, Any] = Field(default_factory=dict)
-    train: dict[str, Any] = Field(default_factory=dict)
-    eval: dict[str, Any] = Field(default_factory=dict)
-    runs: list[dict[str, Any]] = Field(default_factory=list)
+    data: DataOverlay = Field(default_factory=lambda: DataOverlay({}), description="the base run's [data]: some DataConfig fields")
+    model: ModelOverlay = Field(default_factory=lambda: ModelOverlay({}), description="the base run's [model]: some ModelConfig fields")
+    train: TrainOverlay = Field(default_factory=lambda: TrainOverlay({}), description="the base run's [train]: some TrainConfig fields")
+    eval: EvalOverlay = Field(default_factory=lambda: EvalOverlay({}), description="the base run's [eval]: some EvalConfig fields")
+    runs: list[dict[str, Any]] = Field(
+        default_factory=list, description="[[runs]]: a name, a seed_offset and overlays of the four sections (each checked as its section's)"
+    )
     overrides: dict[str, Any] = Field(
         default_factory=dict,
         description="run config key -> value set on the command line (--set train.steps=50): applied to every run last, over the size table",
@@ -144,6 +147,12 @@ class ExperimentConfig(Strict):
             unknown_runs = set(over.get("runs", {})) - set(names)
             if unknown_runs:
                 raise ValueError(f"sizes.{sname}.runs: unknown run(s) {sorted(unknown_runs)}; runs are {names}")
+            _check_sections(over, f"sizes.{sname}")
+            for rname, rover in over.get("runs", {}).items():
+                extra = set(rover) - set(SECTIONS) if isinstance(rover, dict) else set()
+                if extra:
+                    raise ValueError(f"sizes.{sname}.runs.{rname}: unknown key(s) {sorted(extra)}; allowed: {', '.join(SECTIONS)}")
+                _check_sections(rover, f"sizes.{sname}.runs.{rname}")
         # a sweep point names its run (name@lr=0.003): the reference may be a run or one of its points
         if self.reference is not None and self.runs and self.reference.split("@")[0] not in names:
             raise ValueError(f"reference: {self.reference!r} is not a run name; runs are {names}")
@@ -165,6 +174,7 @@ class ExperimentConfig(Strict):
             if n is None:
                 raise ValueError(f"runs[{i}]: every [[runs]] entry needs a name")
             check_name(n, f"runs[{i}].name", "run names")
+            _check_sections(r, f"runs[{i}] ({n})")
             names.append(n)
         folded = [n.lower() for n in names]  # run folders: one on a case-insensitive file system
         dup = {n for n in names if folded.count(n.lower()) > 1}
@@ -248,7 +258,7 @@ class ExperimentConfig(Strict):
     def _bases(self) -> list[tuple[str, str, dict]]:
         """(error prefix, name, sections) of every [[runs]] entry: the base sections < the entry < the size table
         (its per-run entries last) < ``overrides`` (--set)."""
-        base = {k: getattr(self, k) for k in SECTIONS}
+        base = {k: getattr(self, k).root for k in SECTIONS}
         size = self.sizes.get(self.size, {}) if self.size is not None else {}
         base = deep_merge(base, {k: v for k, v in size.items() if k not in ("runs", "sweep", "compare")})
         out = []
@@ -280,6 +290,15 @@ class ExperimentConfig(Strict):
             for prefix, name, sections, point in named
             if chosen is None or name in chosen
         ]
+
+
+def _check_sections(table: Any, where: str) -> None:
+    """Each of the four sections ``table`` sets, checked as an overlay of its run section (``config.overlay``)."""
+    if not isinstance(table, dict):
+        raise ValueError(f"{where}: expected a table, got {table!r}")
+    for key in SECTIONS:
+        if key in table:
+            check_overlay(table[key], OVERLAYS[key].section, f"{where}.{key}")
 
 
 def apply_overrides(data: dict, overrides: list[str]) -> dict:
