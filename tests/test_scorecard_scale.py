@@ -56,28 +56,28 @@ def test_a_scale_step_is_validated_like_a_claim(tmp_path):
 def test_a_scale_step_not_run_in_part_and_measured(tmp_path):
     root = _repo(tmp_path)
     card = build_scorecard(root)
-    (step,) = card["scale_steps"]
+    (step,) = _steps(card)
     assert step["status"] == "not run" and step["test"] is None and step["scale"]["context"] == 256
     assert step["base"]["test"]["mean"] == pytest.approx(next(r for r in card["claims"] if r["id"] == "mamba2_worse")["test"]["mean"])
     assert card["family_size"] == build_scorecard(root)["family_size"]  # the step is outside the family
     # finished runs archived before the study is reported: still not run, and the row names them
     kept = root / "results/architectures_annealed_4x/runs"
     shutil.copytree(root / "results/architectures_annealed/runs/transformer_pp-s0", kept / "transformer_pp-s0")
-    (step,) = build_scorecard(root)["scale_steps"]
+    (step,) = _steps(build_scorecard(root))
     assert step["status"] == "not run" and step["kept"] == ["transformer_pp-s0"]
     assert step["detail"].endswith("; finished runs kept in results/architectures_annealed_4x/runs/: transformer_pp-s0")
     shutil.rmtree(kept.parent)
     # published in part: only the reference's records
     src, dst = root / "results/architectures_annealed", root / "results/architectures_annealed_4x"
     shutil.copytree(src, dst, ignore=shutil.ignore_patterns("mamba*", "gated*", "top1*"))
-    (step,) = build_scorecard(root)["scale_steps"]
+    (step,) = _steps(build_scorecard(root))
     assert step["status"] == "in part" and step["lacking"] == ["mamba2"]
     assert "published in part: no records of mamba2 yet" in scorecard_markdown(build_scorecard(root))
     # measured: a stand-in with the small study's own records, so the gap is the claim's and the difference 0
     shutil.rmtree(dst)
     shutil.copytree(src, dst)
     card = build_scorecard(root)
-    (step,) = card["scale_steps"]
+    (step,) = _steps(card)
     row = next(r for r in card["claims"] if r["id"] == "mamba2_worse")
     assert step["status"] == "measured" and step["results"] == "architectures_annealed_4x"
     assert step["values"] == pytest.approx(row["values"]) and step["test"]["ci95"] == pytest.approx(row["test"]["ci95"])
@@ -86,15 +86,73 @@ def test_a_scale_step_not_run_in_part_and_measured(tmp_path):
     text = scorecard_markdown(card)
     assert "## Scale steps (outside the family)" in text and "minus the small gap: +0.000" in text
     block = study_block(card, "architectures_annealed_4x")
-    assert "A scale step outside the family" in block and "| `mamba2_worse` | small-4x |" in block
-    assert "Scale step, outside the family: `mamba2_worse` (+0.202 [+0.161, +0.242] at small) at size small-4x" in readme_results(card, root)
+    assert "Scale steps outside the family" in block and "| `mamba2_worse` | small-4x |" in block
+    assert "| `mamba2_worse` | small to small-4x | mamba2 against transformer_pp | +0.202 [+0.161, +0.242] (5) | +0.202" in readme_results(card, root)
     # the same step at each size's lowest common level and at half of training: with the same records at both
     # sizes, both readings agree and their differences are 0
     assert [lv["level"] for lv in step["levels"]] == ["lowest", "half"]
     for lv in step["levels"]:
         assert lv["step"]["band"] == lv["base"]["band"] and lv["step"]["values"] == pytest.approx(lv["base"]["values"])
         assert lv["difference"]["mean"] == pytest.approx(0, abs=1e-12)
-    assert "| `mamba2_worse` | lowest common level |" in text
+    assert "| `mamba2_worse` | small to small-4x | lowest common level |" in text
+
+
+BASE_STEP = """
+[[scale_steps]]
+claim = "mamba2_worse"
+study = "architectures_annealed_4x"
+base = "annealed_base"
+run = "mamba2"
+reference = "transformer_pp"
+why = "a step set against another study at the smaller size."
+"""
+
+
+def test_a_step_set_against_a_base_study_at_the_smaller_size(tmp_path):
+    """A step with `base`: the smaller size's gap is the step's runs in the base study, not the claim's own row; while
+    the base is not published the step says so and has no difference."""
+    root = _repo(tmp_path)
+    _edit(root, "[studies.fewshot_1p3b]", '[studies.annealed_base]\nexperiment = "architectures_annealed.toml"\nsize = "small"\nresults = "annealed_base"\n[studies.fewshot_1p3b]')
+    p = root / "experiments/paper/claims.toml"
+    p.write_text(p.read_text() + BASE_STEP)
+    src = root / "results/architectures_annealed"
+    shutil.copytree(src, root / "results/architectures_annealed_4x")
+    card = build_scorecard(root)
+    (step,) = [s for s in card["scale_steps"] if s["base"]["study"] == "annealed_base"]
+    assert step["status"] == "measured" and step["difference"] is None and not step["base"]["seeds"]
+    assert "`mamba2` against `transformer_pp` at the smaller size: results/annealed_base/ not published yet" in scorecard_markdown(card)
+    shutil.copytree(src, root / "results/annealed_base")
+    card = build_scorecard(root)
+    (step,) = [s for s in card["scale_steps"] if s["base"]["study"] == "annealed_base"]
+    row = next(r for r in card["claims"] if r["id"] == "mamba2_worse")
+    assert step["base"]["own"] is False and step["base"]["results"] == "annealed_base"
+    assert step["base"]["test"]["mean"] == pytest.approx(row["test"]["mean"]) and step["difference"]["mean"] == pytest.approx(0, abs=1e-12)
+    assert [lv["difference"]["mean"] for lv in step["levels"]] == pytest.approx([0, 0], abs=1e-12)
+    assert "| `mamba2` against `transformer_pp` at the smaller size |" in scorecard_markdown(card)
+    assert "Scale steps outside the family" in study_block(card, "annealed_base")
+
+
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (('run = "mamba2"\n', ""), "give run and reference together"),
+        (('base = "annealed_base"', 'base = "architectures_annealed_4x"'), "base: the step study itself"),
+        (('base = "annealed_base"', 'base = "nowhere"'), "base: unknown study 'nowhere'"),
+        (('run = "mamba2"\nreference = "transformer_pp"\n', ""), "needs the runs it compares"),
+        (('run = "mamba2"', 'run = "mamba3"'), "scale_steps\\[\\d+\\]( base)? \\(mamba2_worse\\): 'mamba3' is not a run"),
+    ],
+)
+def test_a_base_study_is_validated(tmp_path, edit, message):
+    root = _repo(tmp_path, ())
+    _edit(root, "[studies.fewshot_1p3b]", '[studies.annealed_base]\nexperiment = "architectures_annealed.toml"\nsize = "small"\n[studies.fewshot_1p3b]')
+    p = root / "experiments/paper/claims.toml"
+    p.write_text(p.read_text() + BASE_STEP.replace(*edit))
+    with pytest.raises(ConfigError, match=message):
+        load_claims(p, root)
+
+
+def _steps(card, study="architectures_annealed_4x"):
+    return [s for s in card["scale_steps"] if s["study"] == study]
 
 
 def test_welch_matches_the_textbook_formula():

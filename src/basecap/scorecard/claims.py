@@ -212,6 +212,16 @@ class ScaleStep(Strict):
     claim: str  # a claim's id; the step compares the runs that answer it (their names after any superseding study)
     study: str  # a [studies.*] entry at the other size, whose experiment file has those runs
     why: str  # what the step tests, in one line
+    run: str | None = None  # the runs compared at both sizes, where they are not the claim's (a ladder at one shared
+    reference: str | None = None  # rate: run and reference named for that rate)
+    base: str | None = None  # a [studies.*] entry at the smaller size that gives the gap the step is set against
+    # (with run and reference); default: the claim's own row in the family
+
+    @model_validator(mode="after")
+    def _runs(self) -> ScaleStep:
+        if (self.run is None) != (self.reference is None):
+            raise ValueError(f"scale step of {self.claim}: give run and reference together, or neither")
+        return self
 
 
 class ClaimsFile(Strict):
@@ -254,6 +264,12 @@ class ClaimsFile(Strict):
             if step.study not in self.studies or step.study in in_family:
                 what = "unknown study" if step.study not in self.studies else "a study a claim of the family uses (a scale step is outside it)"
                 raise ValueError(f"scale_steps[{i}] ({step.claim}): {what} {step.study!r}")
+            if step.base is not None and (step.base not in self.studies or step.base == step.study):
+                raise ValueError(
+                    f"scale_steps[{i}] ({step.claim}): base: {'the step study itself' if step.base == step.study else 'unknown study'} {step.base!r}"
+                )
+            if step.base is not None and step.run is None:
+                raise ValueError(f"scale_steps[{i}] ({step.claim}): base {step.base!r} needs the runs it compares (run, reference)")
         for key, st in self.studies.items():
             if st.superseded_by is not None and (st.superseded_by not in self.studies or st.superseded_by == key):
                 raise ValueError(f"studies.{key}.superseded_by: unknown study {st.superseded_by!r}")
@@ -270,10 +286,14 @@ class ClaimsFile(Strict):
             return claim
         return superseding_claim(claim, study)
 
-    def step_claim(self, step: ScaleStep) -> Claim:
-        """The claim of a scale step as its study answers it (the answering run names, at the step's study)."""
+    def step_claim(self, step: ScaleStep, study: str | None = None) -> Claim:
+        """The claim of a scale step as ``study`` (default: the step's) answers it: the step's run names where it
+        gives them, else the claim's answering ones."""
         claim = next(c for c in self.claims if c.id == step.claim)
-        return self.answering(claim).model_copy(update={"study": step.study})
+        update: dict = {"study": study or step.study}
+        if step.run is not None:
+            update.update(run=step.run, reference=step.reference, arms=[], controls=[])
+        return self.answering(claim).model_copy(update=update)
 
 
 def load_claims(path: str | Path = CLAIMS_FILE, root: str | Path = ".") -> ClaimsFile:
@@ -319,6 +339,7 @@ def check_runs(claims: ClaimsFile, root: Path, path: Path) -> None:
                     f"{path}: studies.{key}.superseding_runs: {study.superseding_runs} names runs that {key} or {study.superseded_by} do not have"
                 )
     steps = [(f"scale_steps[{i}]", claims.step_claim(st)) for i, st in enumerate(claims.scale_steps)]
+    steps += [(f"scale_steps[{i}] base", claims.step_claim(st, st.base)) for i, st in enumerate(claims.scale_steps) if st.base]
     arms = [
         (f"claims[{i}] arm {a.label!r}", c.model_copy(update={"study": a.study, "run": a.run, "reference": a.reference, "arms": [], "controls": []}))
         for i, c in enumerate(claims.claims)

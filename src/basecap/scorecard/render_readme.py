@@ -17,7 +17,6 @@ from .render_cells import (
     pending_text,
     robust_text,
     scale_range,
-    scale_text,
     source_text,
     units_text,
     used_interval_text,
@@ -49,6 +48,19 @@ def _study_line(name: str, s: dict, card: dict) -> str:
     copies = sum(c["study"] == name for c in card["copies"])
     reuse = f"; {copies} records are copies" if copies else ""
     return f"- [`results/{name}/`](results/{name}/README.md): runs (seeds) {runs}{reuse}. Claims: {said}."
+
+
+def _step_line(step: dict) -> str:
+    """A scale step as one README table row: the gap at each size, or why it is not there yet."""
+
+    def gap(test: dict | None, seeds: list, missing: str) -> str:
+        t = test or {}
+        return f"{number_text(t.get('mean'))} {ci_text(t.get('ci95'))} ({len(seeds)})".replace("  (", " (") if t.get("mean") is not None else missing
+
+    b = step["base"]
+    larger = gap(step["test"], step["seeds"], step["status"]) if step["status"] == "measured" else step["status"]
+    smaller = gap(b["test"], b["seeds"], "not yet")
+    return f"| `{step['claim']}` | {b['size']} to {step['size']} | {' against '.join(step['runs'])} | {smaller} | {larger} |"
 
 
 def readme_results(card: dict, root: Path) -> str:
@@ -94,15 +106,17 @@ def readme_results(card: dict, root: Path) -> str:
             + ".",
             "",
         ]
-    for step in card.get("scale_steps") or []:
-        t, bt = step["test"] or {}, step["base"]["test"] or {}
-        now = (
-            f"{number_text(t.get('mean'))} {ci_text(t.get('ci95'))} over {len(step['seeds'])} seeds ({step['reading']})"
-            if step["status"] == "measured"
-            else f"{step['status']}: {step['detail']}"
-        )
-        base = f"{number_text(bt.get('mean'))} {ci_text(bt.get('ci95'))} at {step['base']['size']}"
-        lines += [f"Scale step, outside the family: `{step['claim']}` ({base}) at size {step['size']} ({scale_text(step['scale'])}): {now}.", ""]
+    steps = card.get("scale_steps") or []
+    if steps:
+        lines += [
+            "Scale steps, outside the family (`results/SCORECARD.md`, \"Scale steps\"): each claim's gap at the smaller and "
+            "the larger size, mean [95% CI] (seeds).",
+            "",
+            "| claim | step | runs | smaller size | larger size |",
+            "|---|---|---|---|---|",
+        ]
+        lines += [_step_line(step) for step in steps]
+        lines.append("")
     lines += [
         "Each published study (its report and `summary.json` hold the numbers; verdicts are the scorecard's):",
         "",
@@ -137,12 +151,12 @@ def study_block(card: dict, study: str) -> str:
         for rerun, rs in by_rerun.items():
             ids = ", ".join(f"`{r['id']}`" for r in rs)
             lines += ["", f"{ids} move to `{rerun}` once it is published: {pending_text(rs[0]['pending'])}."]
-    steps = [s for s in card.get("scale_steps") or [] if s["results"] == study]
+    steps = [s for s in card.get("scale_steps") or [] if study in (s["results"], s["base"]["results"])]
     if steps:
         lines += [
             "",
-            "A scale step outside the family ([`results/SCORECARD.md`](../SCORECARD.md), \"Scale steps\"): a claim's "
-            "gap again at this size, beside its gap at the claim's own size.",
+            "Scale steps outside the family ([`results/SCORECARD.md`](../SCORECARD.md), \"Scale steps\") that read this "
+            "study's runs: a claim's gap at the smaller size, then at the larger.",
             "",
             *STEP_HEADER,
         ]

@@ -10,9 +10,14 @@ def step_rows(step: dict, prefix: str = "") -> list[str]:
     """A scale step as two table rows: the claim at its own size, then at the step's (or what it is waiting for)."""
     b = step["base"]
     bt = b["test"] or {}
+    if b.get("own", True):
+        base_note = "the claim's own size (its row in the family)"
+    else:
+        runs = " against ".join(f"`{r}`" for r in step["runs"])
+        base_note = f"{runs} at the smaller size" + (f": {b['detail']}" if not b["seeds"] and b.get("detail") else "")
     out = [
         f"| `{step['claim']}` | {b['size']} | {scale_text(b['scale'])} | {link_text(b['study'], b['results'], prefix)} | "
-        f"{number_text(bt.get('mean'))} {ci_text(bt.get('ci95'))} | {len(b['seeds']) or '-'} | the claim's own size (its row in the family) |"
+        f"{number_text(bt.get('mean'))} {ci_text(bt.get('ci95'))} | {len(b['seeds']) or '-'} | {base_note} |"
     ]
     t = step["test"] or {}
     if step["status"] == "measured":
@@ -35,13 +40,15 @@ def step_level_rows(step: dict) -> list[str]:
         if not x or not x.get("test"):
             return "-"
         t = x["test"]
-        return f"{number_text(t['mean'])} {ci_text(t['ci95'])} at {x['band'][0]:.2f}-{x['band'][1]:.2f} ({t['n']} seeds)"
+        return f"{number_text(t['mean'])} {ci_text(t['ci95'])} at {x['band'][0]:.2f}-{x['band'][1]:.2f} ({t['n']} seed{'s' if t['n'] != 1 else ''})"
 
     out = []
     for lv in step.get("levels") or []:
         d = lv["difference"]
         diff = f"{number_text(d['mean'])} {ci_text(d['ci95'])} (Welch p {p_text(d['p'])})" if d else "-"
-        out.append(f"| `{step['claim']}` | {lv['label']} | {cell(lv['base'])} | {cell(lv['step'])} | {diff} |")
+        out.append(
+            f"| `{step['claim']}` | {step['base']['size']} to {step['size']} | {lv['label']} | {cell(lv['base'])} | {cell(lv['step'])} | {diff} |"
+        )
     return out
 
 
@@ -90,8 +97,6 @@ def scale_markdown(card: dict) -> list[str]:
         lines += step_rows(step)
     levels = [row for step in steps for row in step_level_rows(step)]
     if levels:
-        size = next(s["size"] for s in steps if s.get("levels"))
-        base = next(s["base"]["size"] for s in steps if s.get("levels"))
         lines += [
             "",
             "The same steps read at each size's lowest common level (the band from the lowest level every curve of the "
@@ -99,8 +104,8 @@ def scale_markdown(card: dict) -> list[str]:
             "at 50%), so that a step is compared at the same level, at the same fraction of training, and where each "
             "size's curves end:",
             "",
-            f"| claim | where | {base} | {size} | difference (larger minus smaller) |",
-            "|---|---|---|---|---|",
+            "| claim | step | where | smaller size | larger size | difference (larger minus smaller) |",
+            "|---|---|---|---|---|---|",
             *levels,
         ]
     models = [line for step in steps for line in gap_model_lines(step)]

@@ -59,8 +59,12 @@ def scale_steps(root: Path, claims: Any, studies: dict, rows: list[ClaimRow]) ->
     """One entry per scale step: the claim's gap at its own size (from its row) and at the step's size."""
     out = []
     for step in claims.scale_steps:
-        row = next(r for r in rows if r["id"] == step.claim)
+        row: dict = dict(next(r for r in rows if r["id"] == step.claim))
         c = claims.step_claim(step)
+        if step.base is not None:  # the smaller size's gap from the base study, with the step's runs
+            row, base_claim = _base_row(root, claims, studies, step, row), claims.step_claim(step, step.base)
+        else:
+            base_claim = row.get("claim_obj")
         spec, folder = claims.studies[step.study], claims.results_dir(step.study)
         st = studies.get(folder)
         base_study = row["study"]
@@ -89,6 +93,8 @@ def scale_steps(root: Path, claims: Any, studies: dict, rows: list[ClaimRow]) ->
                 "seeds": row["seeds"],
                 "test": {k: (row["test"] or {}).get(k) for k in ("mean", "ci95", "n", "sd", "p")} if row["test"] else None,
                 "scale": row["scale"],
+                "own": step.base is None,  # the claim's own row in the family, or another study's runs at its size
+                "detail": row.get("detail", ""),
             },
         }
         out.append(entry)
@@ -117,11 +123,29 @@ def scale_steps(root: Path, claims: Any, studies: dict, rows: list[ClaimRow]) ->
             difference=welch(got["values"], row["values"]) if row["values"] else None,
         )
         entry["reading"] = reading(entry["test"], c.sign)
-        base = studies.get(row["results"]) if row.get("results") else None
-        if base is not None and row.get("claim_obj") is not None:
+        base = studies.get(row["results"]) if row.get("results") and row["values"] else None
+        if base is not None and base_claim is not None:
             domains = c.domains or claims.domains
-            entry["levels"] = step_levels(row["claim_obj"], base, c, st, domains)
-            entry["gap_model"] = gap_model(seed_gaps(row["claim_obj"], base, domains), seed_gaps(c, st, domains))
+            entry["levels"] = step_levels(base_claim, base, c, st, domains)
+            entry["gap_model"] = gap_model(seed_gaps(base_claim, base, domains), seed_gaps(c, st, domains))
+    return out
+
+
+def _base_row(root: Path, claims: Any, studies: dict, step: Any, row: dict) -> dict:
+    """What a step with a ``base`` study is set against: the gap of its runs there (the fields of a claim's row that
+    ``scale_steps`` reads), or, while the base study is not published with them, no values and why."""
+    c, spec, folder = claims.step_claim(step, step.base), claims.studies[step.base], claims.results_dir(step.base)
+    st = studies.get(folder)
+    out: dict = {"id": row["id"], "paper": row["paper"], "study": step.base, "results": None, "seeds": [], "values": [], "test": None}
+    if st is None or lacking_runs(c.runs, st):
+        have = "not published yet" if st is None else f"published in part: no records of {', '.join(lacking_runs(c.runs, st))} yet"
+        out["scale"] = scale_of_config(root, spec.experiment, spec.size, c.run or c.reference)
+        out["detail"] = f"results/{folder}/ {have}"
+        return out
+    got = claim_values(c, st, c.domains or claims.domains)
+    used = next((k for k in got["used"] if k[0] == (c.run or c.reference)), None)
+    out.update(results=folder, seeds=got["seeds"], values=got["values"], test=_test(got["values"]) if got["values"] else None)
+    out["scale"] = scale_of_run(st.runs[used]) if used else scale_of_config(root, spec.experiment, spec.size, c.run or c.reference)
     return out
 
 
