@@ -173,3 +173,57 @@ def test_reading_words():
     assert reading({"ci95": [-0.3, -0.1]}, 1) == "the 95% interval below 0: against the paper"
     assert reading({"ci95": [-0.1, 0.3]}, 1) == "the 95% interval includes 0"
     assert reading({"ci95": None}, 1) == "too few seeds for an interval"
+
+
+def test_direction_of_a_step():
+    from basecap.scorecard.scale import direction
+
+    assert direction({"ci95": [0.01, 0.2]}, 0.05) == "grows"
+    assert direction({"ci95": [-0.2, -0.01]}, 0.05) == "shrinks"
+    assert direction({"ci95": [-0.04, 0.03]}, 0.05) == "holds"
+    assert direction({"ci95": [-0.04, 0.08]}, 0.05) == "not determined"
+    assert direction(None, 0.05) == "not determined"
+
+
+def test_trend_and_its_prediction_by_hand():
+    """Per doubling: the Welch difference over the doublings; carried: gap_L + k (gap_L - gap_S) with the variance
+    of that combination and Welch-Satterthwaite degrees of freedom."""
+    from basecap.scorecard.scale import trend
+
+    large, small = [0.30, 0.25, 0.28], [0.20, 0.18, 0.22, 0.21, 0.19]
+    entry = {
+        "values": large,
+        "difference": welch(large, small),
+        "scale": {"params_non_embedding": 4_000_000, "train_tokens": 8_000_000},
+        "base": {"scale": {"params_non_embedding": 1_000_000, "train_tokens": 2_000_000}},
+    }
+    target = {"label": "110m", "params_non_embedding": 64_000_000, "train_tokens": 10**10}
+    t = trend(entry, small, target)
+    assert t["grows"] == "parameters" and t["doublings"] == pytest.approx(2.0)
+    assert t["per_doubling"]["mean"] == pytest.approx(entry["difference"]["mean"] / 2)
+    k = 4 / 2  # 4 doublings from 4M to 64M over the step's 2
+    ml, ms = sum(large) / 3, sum(small) / 5
+    va, vb = stats.tvar(large) / 3, stats.tvar(small) / 5
+    var = (1 + k) ** 2 * va + k**2 * vb
+    df = var**2 / (((1 + k) ** 2 * va) ** 2 / 2 + (k**2 * vb) ** 2 / 4)
+    p = t["prediction"]
+    assert p["mean"] == pytest.approx((1 + k) * ml - k * ms) and p["df"] == pytest.approx(df)
+    assert p["ci95"][1] - p["mean"] == pytest.approx(stats.t.ppf(0.975, df) * math.sqrt(var))
+    assert p["tokens_on_path"] == pytest.approx(8_000_000 * 16)
+    # a token step (the width held): a change per doubling of tokens, no prediction in parameters
+    entry["scale"] = {"params_non_embedding": 1_000_000, "train_tokens": 8_000_000}
+    t = trend(entry, small, target)
+    assert t["grows"] == "tokens" and t["prediction"] is None
+
+
+def test_scaling_file_reads_a_measured_step(tmp_path):
+    from basecap.scorecard.render_scaling import scaling_markdown
+
+    root = _repo(tmp_path)
+    shutil.copytree(root / "results/architectures_annealed", root / "results/architectures_annealed_4x")
+    text = scaling_markdown(build_scorecard(root))
+    assert "| Mamba (Mamba-2), each at its rate tuned at small | small to small-4x | mamba2 against transformer_pp |" in text
+    # the same records at both sizes: a difference of 0 inside the margin at every reading
+    assert "**holds** +0.000" in text and "| yes |" in text
+    assert "nothing to carry" in text and "No size step is measured yet." in text
+    assert "## Not measured yet" in text and "Mamba (Mamba-2), small to small-long" in text

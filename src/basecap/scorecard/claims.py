@@ -214,6 +214,7 @@ class ScaleStep(Strict):
     why: str  # what the step tests, in one line
     run: str | None = None  # the runs compared at both sizes, where they are not the claim's (a ladder at one shared
     reference: str | None = None  # rate: run and reference named for that rate)
+    family: str | None = None  # the family the step speaks for, in results/SCALING.md (e.g. "RWKV (RWKV-7)")
     base: str | None = None  # a [studies.*] entry at the smaller size that gives the gap the step is set against
     # (with run and reference); default: the claim's own row in the family
 

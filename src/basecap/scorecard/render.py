@@ -10,6 +10,7 @@ from typing import Any
 
 from .render_claims import scorecard_markdown
 from .render_readme import README_MARKERS, STUDY_MARKERS, readme_results, replace_block, study_block
+from .render_scaling import scaling_markdown
 
 
 def scorecard_json(card: dict) -> str:
@@ -53,6 +54,7 @@ def _loads(text: str) -> Any:
 def generated_files(card: dict, root: Path) -> dict[Path, str]:
     """Every file the scorecard writes with --write-readme, and its text."""
     out = {root / "results" / "SCORECARD.md": scorecard_markdown(card), root / "results" / "scorecard.json": scorecard_json(card)}
+    out[root / "results" / "SCALING.md"] = scaling_markdown(card)
     readme = root / "README.md"
     out[readme] = replace_block(readme.read_text(encoding="utf-8"), readme_results(card, root), README_MARKERS)
     for s in card["studies"]:

@@ -109,8 +109,9 @@ def readme_results(card: dict, root: Path) -> str:
     steps = card.get("scale_steps") or []
     if steps:
         lines += [
-            "Scale steps, outside the family (`results/SCORECARD.md`, \"Scale steps\"): each claim's gap at the smaller and "
-            "the larger size, mean [95% CI] (seeds).",
+            "Scale steps, outside the family (`results/SCORECARD.md`, \"Scale steps\"; per family, whether the gap grows, "
+            "holds or shrinks, and what that predicts for the paper's size: [`results/SCALING.md`](results/SCALING.md)): "
+            "each claim's gap at the smaller and the larger size, mean [95% CI] (seeds).",
             "",
             "| claim | step | runs | smaller size | larger size |",
             "|---|---|---|---|---|",

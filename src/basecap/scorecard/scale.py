@@ -9,6 +9,7 @@ Holm family and carries no verdict: it says whether the claim's gap keeps its si
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -72,6 +73,7 @@ def scale_steps(root: Path, claims: Any, studies: dict, rows: list[ClaimRow]) ->
             "claim": step.claim,
             "paper": row["paper"],
             "why": step.why,
+            "family": step.family,
             "runs": c.runs,
             "study": step.study,
             "experiment": spec.experiment,
@@ -128,6 +130,79 @@ def scale_steps(root: Path, claims: Any, studies: dict, rows: list[ClaimRow]) ->
             domains = c.domains or claims.domains
             entry["levels"] = step_levels(base_claim, base, c, st, domains)
             entry["gap_model"] = gap_model(seed_gaps(base_claim, base, domains), seed_gaps(c, st, domains))
+        entry["direction"] = directions(entry, claims.margin)
+        if entry["difference"] and entry["scale"] and entry["base"]["scale"]:
+            entry["trend"] = trend(entry, row["values"], target_scale(root))
+    return out
+
+
+# The size a step's trend is carried to: the paper's smallest (its 110M preset, architectures.toml at size 110m)
+TARGET = ("architectures.toml", "110m", "transformer_pp")
+
+
+def target_scale(root: Path) -> dict:
+    return {"label": TARGET[1], **scale_of_config(root, *TARGET)}
+
+
+def direction(diff: dict | None, margin: float) -> str:
+    """How the gap moved from the smaller to the larger size, by the Welch 95% interval of (larger minus smaller):
+    *grows* (above 0), *shrinks* (below 0), *holds* (inside +-margin), else *not determined*."""
+    if not diff or not diff.get("ci95"):
+        return "not determined"
+    lo, hi = diff["ci95"]
+    if lo > 0:
+        return "grows"
+    if hi < 0:
+        return "shrinks"
+    return "holds" if -margin <= lo and hi <= margin else "not determined"
+
+
+def directions(entry: dict, margin: float) -> dict:
+    """The direction at the step's band and at each of STEP_LEVELS, and whether they agree."""
+    got = {"band": direction(entry.get("difference"), margin)}
+    for lv in entry.get("levels") or []:
+        got[lv["level"]] = direction(lv.get("difference"), margin)
+    # a finding where every reading gives the same determined direction
+    agree = len(set(got.values())) == 1 and "not determined" not in got.values() and len(got) == 1 + len(STEP_LEVELS)
+    return {**got, "agree": agree}
+
+
+def trend(entry: dict, base_values: list[float], target: dict | None) -> dict | None:
+    """The gap's change per doubling of what the step grows (non-embedding parameters, else training tokens), with
+    its Welch interval, and, for a size step, the gap carried on log-linearly to ``target``'s parameters along the
+    step's own path (tokens growing with parameters as in the step): gap_L + k (gap_L - gap_S), k the target's
+    doublings past the larger size over the step's doublings; its interval from the two sizes' seed variances
+    (Welch-Satterthwaite degrees of freedom). Two points carried several doublings: a direction, not a number."""
+    small, large = entry["base"]["scale"], entry["scale"]
+    grows = "parameters" if large["params_non_embedding"] > 1.5 * small["params_non_embedding"] else "tokens"
+    key = "params_non_embedding" if grows == "parameters" else "train_tokens"
+    doublings = math.log2(large[key] / small[key])
+    if doublings <= 0:  # neither grew (a stand-in with the same runs at both sizes): no trend to speak of
+        return None
+    d = entry["difference"]
+    out: dict = {
+        "grows": grows,
+        "doublings": doublings,
+        "per_doubling": {"mean": d["mean"] / doublings, "ci95": [x / doublings for x in d["ci95"]]},
+        "prediction": None,
+    }
+    a, b = entry["values"], base_values
+    if grows != "parameters" or target is None or len(a) < 2 or len(b) < 2:
+        return out
+    k = math.log2(target["params_non_embedding"] / large[key]) / doublings
+    va, vb = stats.tvar(a) / len(a), stats.tvar(b) / len(b)
+    mean = (1 + k) * (sum(a) / len(a)) - k * (sum(b) / len(b))
+    var = (1 + k) ** 2 * va + k**2 * vb
+    df = var**2 / (((1 + k) ** 2 * va) ** 2 / (len(a) - 1) + (k**2 * vb) ** 2 / (len(b) - 1))
+    half = float(stats.t.ppf(0.975, df)) * math.sqrt(var)
+    out["prediction"] = {
+        "target": target,
+        "k": k,
+        "tokens_on_path": large["train_tokens"] * target["params_non_embedding"] / large["params_non_embedding"],
+        "mean": mean,
+        "ci95": [mean - half, mean + half],
+        "df": df,
+    }
     return out
 
 
