@@ -210,3 +210,14 @@ def test_register_mixer_refuses_builtin_names_and_non_mixers():
         register_mixer(Attention)
     with pytest.raises(ConfigError, match="expected a subclass of basecap.mixers.Mixer"):
         register_mixer(dict)  # type: ignore[arg-type]
+
+
+def test_a_claims_file_it_cannot_read_is_named_with_the_key(tmp_path):
+    """A claims file with an unknown key: the project's one-line-per-key error, not pydantic's own text."""
+    from basecap.compare.study import read_claims
+
+    p = tmp_path / "claims.toml"
+    p.write_text('margin = 0.05\nmargin_reason = "m"\ndomains = ["docs"]\nstudies = {}\nclaims = []\nscale_steps = [{claim = "x", study = "y", why = "z", bogus = 1}]\n')
+    with pytest.raises(ConfigError, match=r"claims\.toml: invalid configuration:\n  scale_steps\.0\.bogus: unknown key") as e:
+        read_claims(p)
+    assert "errors.pydantic.dev" not in str(e.value)

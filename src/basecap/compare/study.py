@@ -16,8 +16,10 @@ import json
 import tomllib
 from pathlib import Path
 
+from pydantic import ValidationError
+
 from ..config import ExperimentConfig, RunConfig, load_experiment
-from ..config_base import ConfigError, set_key
+from ..config_base import ConfigError, format_validation_error, set_key
 from ..reuse import DISPLAY_KEYS, find_reusable
 from ..scorecard.claims import CLAIMS_FILE, ClaimsFile, experiment_path
 from ..scorecard.sequential import Plan
@@ -50,6 +52,8 @@ def read_claims(path: Path) -> ClaimsFile:
     """The claims file's settings and studies (validated; its runs are not loaded: that is the scorecard's check)."""
     try:
         return ClaimsFile.model_validate(tomllib.loads(Path(path).read_text(encoding="utf-8")))
+    except ValidationError as e:
+        raise ConfigError(f"{path}: {format_validation_error(e)}") from None
     except (OSError, ValueError) as e:
         raise ConfigError(f"{path}: {e}") from None
 
