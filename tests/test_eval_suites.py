@@ -210,7 +210,7 @@ def test_suite_results(corpus, tmp_path):
         run_suite(s, "passkey", out_dir=tmp_path, lenghts=[4])
     with pytest.raises(Exception, match="unknown suite"):
         run_suite(s, "nope", out_dir=tmp_path)
-    assert suite_names() == ["lm-eval", "mqar", "passkey", "niah", "recall", "extrapolation"]
+    assert suite_names() == ["lm-eval", "mqar", "passkey", "niah", "recall", "extrapolation", "decay"]
 
 
 @pytest.mark.slow  # ~35 s on a busy 2-core machine

@@ -2,8 +2,8 @@
 
 Suites: ``lm-eval`` (lm-evaluation-harness tasks through the ``basecap`` model class), ``mqar``
 (Zoology multi-query associative recall), ``passkey`` and ``niah`` (long-context retrieval),
-``recall`` (SWDE/FDA/SQuAD-style and built-in structured extraction) and ``extrapolation`` (loss
-per position beyond the training length). Each writes ``eval_<suite>.json`` (and its PNGs) into
+``recall`` (SWDE/FDA/SQuAD-style and built-in structured extraction), ``extrapolation`` (loss
+per position beyond the training length) and ``decay`` (how fast a trained model forgets, per layer and head). Each writes ``eval_<suite>.json`` (and its PNGs) into
 ``out_dir`` (default: the run directory) and returns the same dict. Every suite is deterministic
 given its ``seed`` option.
 
@@ -37,6 +37,7 @@ _RUNNERS = {
     "niah": "longctx:niah_suite",
     "recall": "recall:recall_suite",
     "extrapolation": "longctx:extrapolation_suite",
+    "decay": "decay:decay_suite",
 }
 # every suite but lm-eval runs as function(subject, out_dir, options), its options a frozen dataclass of its module
 _OPTIONS = {
@@ -45,6 +46,7 @@ _OPTIONS = {
     "niah": "NiahOptions",
     "recall": "RecallOptions",
     "extrapolation": "ExtrapolationOptions",
+    "decay": "DecayOptions",
 }
 
 

@@ -119,6 +119,13 @@ class Mixer(nn.Module):
     def state_size(self, seq_len: int) -> int:
         raise NotImplementedError
 
+    def log_decay(self, x: torch.Tensor) -> torch.Tensor | None:
+        """The log of the per-token decay the mixer applies to what came before (``<= 0``; ``[B, H, T]``, or
+        ``[B, H, T, K]`` per key channel), computed from the mixer's input ``x`` ``[B, T, d_model]`` as its forward
+        does; None for a mixer without a data-dependent decay (attention, a fixed window). The ``decay`` suite reads
+        it (basecap.eval.decay)."""
+        return None
+
     def flops_per_token(self, seq_len: int) -> float:
         """Forward multiply-adds x2 per token beyond the linear layers (e.g. attention scores)."""
         return 0.0

@@ -136,6 +136,10 @@ class ForgettingAttn(Mixer):
         """RMSNorm over each head's D dims with per-head gains: ``x [B, H, T, D]``."""
         return F.rms_norm(x, (self.head_dim,), eps=QK_NORM_EPS) * weight.view(self.n_heads, 1, self.head_dim).to(x.dtype)
 
+    def log_decay(self, x: torch.Tensor) -> torch.Tensor:
+        """log f_t = logsigmoid(w_f . x_t + b_f) per head, ``[B, H, T]`` in fp32."""
+        return F.logsigmoid(self.f_proj(x).float() + self.f_bias.float()).transpose(1, 2)
+
     def forward(self, x: torch.Tensor, state: State | None = None):
         cfg = self.cfg
         offset = 0 if state is None else int(state["pos"])
@@ -144,7 +148,7 @@ class ForgettingAttn(Mixer):
             q, k = self._qk_norm(q, self.q_norm_weight), self._qk_norm(k, self.k_norm_weight)
         if cfg.position == "rope":
             q, k = rope_qk(q, k, offset, cfg.rope_theta)
-        log_f = F.logsigmoid(self.f_proj(x).float() + self.f_bias.float()).transpose(1, 2)  # [B, H, T], fp32
+        log_f = self.log_decay(x)
         scale = self.head_dim**-0.5
         cache = None if state is None else cast(Cache, (state["k"], state["v"], state["log_forget"]))
         impl = self.resolve_impl(x)

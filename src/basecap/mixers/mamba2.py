@@ -97,6 +97,19 @@ class Mamba2(Mixer):
         self.norm = RMSNorm(E, eps=cfg.norm_eps) if cfg.out_norm else None
         self.out_proj = nn.Linear(E, d_model, bias=False)
 
+    def _log_a(self, dt: torch.Tensor) -> torch.Tensor:
+        """log a_t ``[B, T, H]`` from dt = softplus(dt_raw + dt_bias), by the ``decay`` switch."""
+        if self.cfg.decay == "data_dependent":
+            return dt * -torch.exp(self.A_log)
+        if self.cfg.decay == "shared":
+            return (-torch.exp(self.A_log) * F.softplus(self.dt_bias)).expand(dt.shape)
+        return dt.new_zeros(dt.shape)
+
+    def log_decay(self, x: torch.Tensor) -> torch.Tensor:
+        """log a_t = dt_t A_h per head, ``[B, H, T]`` in fp32 (by the ``decay`` switch: 0 with ``"none"``)."""
+        dt = self.in_proj(x)[..., -self.n_heads :]
+        return self._log_a(F.softplus(dt + self.dt_bias)).float().transpose(1, 2)
+
     def forward(self, x: torch.Tensor, state: State | None = None):
         cfg = self.cfg
         Bsz, T, _ = x.shape
@@ -106,12 +119,7 @@ class Mamba2(Mixer):
         xs, Bm, Cm = xBC.split([E, N, N], dim=-1)
         xs = xs.reshape(Bsz, T, H, P)
         dt = F.softplus(dt + self.dt_bias)  # [B,T,H]
-        if cfg.decay == "data_dependent":
-            log_a = dt * -torch.exp(self.A_log)
-        elif cfg.decay == "shared":
-            log_a = (-torch.exp(self.A_log) * F.softplus(self.dt_bias)).expand(Bsz, T, H)
-        else:
-            log_a = dt.new_zeros(Bsz, T, H)
+        log_a = self._log_a(dt)
         X = xs * dt[..., None]  # [B,T,H,P]
         h0 = None if state is None else cast(torch.Tensor, state["ssm"])
         impl = self.resolve_impl(x)
