@@ -180,3 +180,17 @@ def test_archive_compact_rewrites_kept_records_in_place(tmp_path, capsys):
     assert "rewrote 4 records of 1 runs" in capsys.readouterr().out
     assert "\n" not in (d / "eval.json").read_text() and not (d / "metrics.jsonl").exists()
     assert _bits(RunDir(d).final_eval()) == _bits(last)
+
+
+def test_archive_refuses_two_runs_of_one_name(tmp_path):
+    """Two studies' runs of the same name (a size's reused copy beside another size's run) would land in one folder,
+    the second over the first: refused, both named."""
+    from basecap.config_base import ConfigError
+    from basecap.report.core import archive_runs
+
+    a, _, _ = old_form_run(tmp_path / "runs" / "study-small")
+    b, _, _ = old_form_run(tmp_path / "runs" / "study-small-4x")
+    assert a.name == b.name
+    with pytest.raises(ConfigError, match=rf"archive: .*study-small/{a.name} and .*study-small-4x/{a.name} are both run {a.name}"):
+        archive_runs([a, b], tmp_path / "results" / "study")
+    assert not (tmp_path / "results" / "study" / "runs" / a.name).exists()

@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 
 from ..atomic import atomic_write, write_json
+from ..config_base import ConfigError
 from ..rundir import RunDir
 from .analysis import summarize
 from .page import render_html
@@ -33,6 +34,12 @@ def archive_runs(run_dirs: list[str | Path], out_dir: str | Path) -> Path:
     again from its own archive) is brought to the kept form in place (``RunDir.compact_records``). Returns the runs
     folder."""
     dest = Path(out_dir) / "runs"
+    by_name: dict[str, Path] = {}
+    for d in run_dirs:  # two runs of one name would land in one folder, the second over the first
+        p = Path(d).resolve()
+        if p.name in by_name and by_name[p.name] != p:
+            raise ConfigError(f"archive: {by_name[p.name]} and {p} are both run {p.name}; archive one (each goes to {dest / p.name})")
+        by_name[p.name] = p
     for d in run_dirs:
         rd = RunDir(d)
         if rd.path.resolve().parent == dest.resolve():
