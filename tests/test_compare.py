@@ -143,6 +143,8 @@ def test_a_file_mixer_joins_a_published_study(published):
     assert row["seeds"] == [0, 1, 2] and row["looks"] == [2, 1]
     arms = {a["arm"]: a for a in row["arms"]}
     assert arms["A"]["run"] == "running_mean_lr2e-3" and arms["A"]["reference"] == "tpp"  # the scorecard's predictions read this name
+    # what it trained: 2 tuning runs and the seeds (3, or 6 with arm A at another rate), never the copies
+    assert row["trained"]["runs"] == 2 + (6 if row["lr"] == 0.004 else 3) and row["trained"]["seconds"] > 0
     if row["lr"] == 0.004:
         assert arms["B"]["reference"] == "tpp_lr4e-3" and arms["B"]["run"] == "running_mean"
     else:

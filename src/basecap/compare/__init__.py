@@ -363,6 +363,14 @@ def _measure(row: CompareRow, setup: _Setup, model, log) -> None:
     row["speed"] = measure.speed(setup.table, _reference_mixer(setup), lengths, setup.out, request.speed_reps, log=log) if lengths else {}
 
 
+def trained_walls(out: Path) -> dict[str, Any]:
+    """The runs a comparison trained (its tuning runs and its seeds; not the copies, whose run.json names where they
+    came from) and their wall clock summed from their run.json, over every invocation that trained them."""
+    runs = [json.loads(p.read_text()) for p in sorted([*(out / "runs").glob("*/run.json"), *(out / "tuning_runs").glob("*/run.json")])]
+    own = [r for r in runs if not r.get("reused_from")]
+    return {"runs": len(own), "seconds": round(sum((r.get("wall") or {}).get("seconds", 0.0) for r in own), 1)}
+
+
 def compare(request: CompareRequest, *, log=print) -> CompareRow:
     """Train a new architecture's runs in a published study's design and return its row (also written to
     ``<out>/compare.json``); ``request`` says which architecture, which study and how (``CompareRequest``)."""
@@ -388,6 +396,7 @@ def compare(request: CompareRequest, *, log=print) -> CompareRow:
     row = _row(setup, st, model, lr=lr, tuning=tuning, b_ref=b_ref, arms=arms)
     _measure(row, setup, model, log)
     row["wall_seconds"] = round(time.perf_counter() - t0, 1)
+    row["trained"] = trained_walls(setup.out)
     write_json(setup.out / "compare.json", row)
     log("\n" + row_text(row))
     log(f"\nwritten: {setup.out / 'compare.json'} (the row), {setup.out / 'report.md'} (the report), {setup.out / 'runs'} (the records)")

@@ -91,6 +91,7 @@ class CompareRow(TypedDict, total=False):
     mqar: dict[str, Any]
     speed: dict[Any, dict[str, Any]]
     wall_seconds: float
+    trained: dict[str, Any]  # the runs this comparison trained (tuning and seeds, not the copies): count and wall seconds
 
 
 def _claim(design: Design, run: str, reference: str, expect: str) -> Claim:
@@ -187,5 +188,10 @@ def row_text(row: CompareRow) -> str:
     params = row.get("params")
     if params:
         extra.append(f"{params['non_embedding'] / 1e6:.2f}M non-embedding parameters, in-domain loss {_num(row.get('in_domain_loss'), '.3f')}")
+    if row.get("trained"):
+        t = row["trained"]
+        extra.append(
+            f"trained {t['runs']} runs in {t['seconds']:,.0f} s of wall clock (their run.json; this invocation {row['wall_seconds']:,.0f} s)"
+        )
     lines += [f"  {x}" for x in extra]
     return "\n".join(lines)
