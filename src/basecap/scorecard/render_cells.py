@@ -23,6 +23,14 @@ def ci_text(ci: Sequence[float] | None) -> str:
     return f"[{ci[0]:+.3f}, {ci[1]:+.3f}]" if ci else ""
 
 
+def gap_seeds_text(test: dict | None, seeds: list, missing: str = "-") -> str:
+    """``mean [lo, hi] (n)`` of a test over seeds (the interval left out when there is none), else ``missing``."""
+    t = test or {}
+    if t.get("mean") is None:
+        return missing
+    return " ".join(x for x in (number_text(t["mean"]), ci_text(t.get("ci95")), f"({len(seeds)})") if x)
+
+
 def p_text(v: float | None) -> str:
     return "-" if v is None else f"{v:.2g}" if v < 0.01 else f"{v:.3f}".rstrip("0").rstrip(".") if v < 1 else "1"
 

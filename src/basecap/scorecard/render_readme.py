@@ -9,11 +9,10 @@ from pathlib import Path
 
 from .render_cells import (
     GENERATED,
-    ci_text,
+    gap_seeds_text,
     counts,
     lean_text,
     link_text,
-    number_text,
     pending_text,
     robust_text,
     scale_range,
@@ -53,13 +52,9 @@ def _study_line(name: str, s: dict, card: dict) -> str:
 def _step_line(step: dict) -> str:
     """A scale step as one README table row: the gap at each size, or why it is not there yet."""
 
-    def gap(test: dict | None, seeds: list, missing: str) -> str:
-        t = test or {}
-        return f"{number_text(t.get('mean'))} {ci_text(t.get('ci95'))} ({len(seeds)})".replace("  (", " (") if t.get("mean") is not None else missing
-
     b = step["base"]
-    larger = gap(step["test"], step["seeds"], step["status"]) if step["status"] == "measured" else step["status"]
-    smaller = gap(b["test"], b["seeds"], "not yet")
+    larger = gap_seeds_text(step["test"], step["seeds"], step["status"]) if step["status"] == "measured" else step["status"]
+    smaller = gap_seeds_text(b["test"], b["seeds"], "not yet")
     return f"| `{step['claim']}` | {b['size']} to {step['size']} | {' against '.join(step['runs'])} | {smaller} | {larger} |"
 
 

@@ -59,6 +59,7 @@ def reading(test: dict | None, sign: int) -> str:
 def scale_steps(root: Path, claims: Any, studies: dict, rows: list[ClaimRow]) -> list[dict]:
     """One entry per scale step: the claim's gap at its own size (from its row) and at the step's size."""
     out = []
+    target: dict | None = None  # the paper's size a trend is carried to, built once (a model on the meta device)
     for step in claims.scale_steps:
         row: dict = dict(next(r for r in rows if r["id"] == step.claim))
         c = claims.step_claim(step)
@@ -132,7 +133,8 @@ def scale_steps(root: Path, claims: Any, studies: dict, rows: list[ClaimRow]) ->
             entry["gap_model"] = gap_model(seed_gaps(base_claim, base, domains), seed_gaps(c, st, domains))
         entry["direction"] = directions(entry, claims.margin)
         if entry["difference"] and entry["scale"] and entry["base"]["scale"]:
-            entry["trend"] = trend(entry, row["values"], target_scale(root))
+            target = target or target_scale(root)
+            entry["trend"] = trend(entry, row["values"], target)
     return out
 
 
@@ -167,7 +169,7 @@ def directions(entry: dict, margin: float) -> dict:
     return {**got, "agree": agree}
 
 
-def trend(entry: dict, base_values: list[float], target: dict | None) -> dict | None:
+def trend(entry: dict, base_values: list[float], target: dict) -> dict | None:
     """The gap's change per doubling of what the step grows (non-embedding parameters, else training tokens), with
     its Welch interval, and, for a size step, the gap carried on log-linearly to ``target``'s parameters along the
     step's own path (tokens growing with parameters as in the step): gap_L + k (gap_L - gap_S), k the target's
@@ -187,7 +189,7 @@ def trend(entry: dict, base_values: list[float], target: dict | None) -> dict | 
         "prediction": None,
     }
     a, b = entry["values"], base_values
-    if grows != "parameters" or target is None or len(a) < 2 or len(b) < 2:
+    if grows != "parameters" or len(a) < 2 or len(b) < 2:
         return out
     k = math.log2(target["params_non_embedding"] / large[key]) / doublings
     va, vb = stats.tvar(a) / len(a), stats.tvar(b) / len(b)
