@@ -14,7 +14,8 @@ import torch
 from basecap.checkpoint import list_checkpoints
 from basecap.config_base import ConfigError
 from basecap.eval.ood import STRATA, strata_losses, target_strata
-from basecap.train import decay_factor, lr_at, train
+from basecap.optim import decay_factor, lr_at
+from basecap.train import train
 from test_train import CHILD, losses, run_cfg
 
 

@@ -9,7 +9,8 @@ import torch
 
 from basecap.config import validate_run
 from basecap.peak import cpu_model, peak_path
-from basecap.train import matmul_peak_flops, mfu, train
+from basecap.peak import matmul_peak_flops
+from basecap.train import mfu, train
 
 
 def test_mfu_arithmetic():

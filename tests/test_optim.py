@@ -1,6 +1,6 @@
-"""The one optimiser step (basecap.optim) against plain loops written out by hand: MQAR's trainings go through it
-bit for bit as they did through their own loop, and the step's parts (groups, accumulation, clipping, the check
-before the weights change) do what they say."""
+"""The one optimiser step and schedule (basecap.optim) against plain loops written out by hand: MQAR's trainings go
+through them bit for bit as a plain loop at the main loop's rates, and the step's parts (groups, accumulation,
+clipping, the check before the weights change) do what they say."""
 
 import math
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from basecap.data.synthetic import IGNORE
-from basecap.eval.recall import MqarTask, MqarTraining, fit_mqar, lr_factor, mqar_training_set
+from basecap.eval.recall import MqarTask, MqarTraining, fit_mqar, mqar_training_set
 from basecap.model import LM, ModelConfig
 from basecap.optim import make_optimizer, optimizer_step
 
@@ -18,18 +18,26 @@ def _mqar_model(seed=3):
     return LM(ModelConfig(vocab_size=128, d_model=16, n_layers=1, max_seq_len=16, mixer={"name": "attention"}))
 
 
+def _main_loop_rate(step, training):
+    """The main loop's cosine schedule written out: warmup to lr, then cosine to lr x 0.1."""
+    warm = max(1, int(training.warmup_frac * training.steps))
+    if step < warm:
+        return training.lr * (step + 1) / warm
+    progress = (step - warm) / max(1, training.steps - warm)
+    return training.lr * (0.1 + (1 - 0.1) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
+
+
 def _plain_mqar_loop(model, data, training):
-    """MQAR's loop as it was before it trained through basecap.optim (the reference)."""
+    """MQAR's loop as it was before it trained through basecap.optim, at the main loop's rates (the reference)."""
     inputs, targets = data
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     groups = [{"params": decay, "weight_decay": training.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     opt = torch.optim.AdamW(groups, lr=training.lr, betas=(0.9, 0.98))
-    warm = max(1, int(training.warmup_frac * training.steps))
     losses = []
     for step in range(training.steps):
         for g in opt.param_groups:
-            g["lr"] = training.lr * lr_factor(step, warm, training.steps)
+            g["lr"] = _main_loop_rate(step, training)
         b = training.batch_size
         loss, _ = model(inputs[step * b : (step + 1) * b], targets=targets[step * b : (step + 1) * b], ignore_index=IGNORE)
         opt.zero_grad(set_to_none=True)
@@ -40,7 +48,7 @@ def _plain_mqar_loop(model, data, training):
     return losses
 
 
-def test_mqar_through_the_shared_step_matches_its_plain_loop_bit_for_bit():
+def test_mqar_through_the_shared_step_and_schedule_matches_its_plain_loop_bit_for_bit():
     task, training = MqarTask(seq_len=16, num_test=8, train_kv_pairs=(1, 2)), MqarTraining(steps=12, batch_size=4, warmup_frac=0.25)
     data = mqar_training_set(task, training, 3)
     shared, plain = _mqar_model(), _mqar_model()

@@ -1,20 +1,30 @@
-"""The optimiser and one optimiser step, shared by every loop that trains a model in basecap: the main training
-loop (``train.py``), MQAR's from-scratch trainings (``eval/recall.py``) and the CPU planner's measured rate
-(``plan/cpu.py``). One definition, so a change to clipping, accumulation or the parameter groups reaches all of
-them at once.
+"""The optimiser, its rate schedule and one optimiser step, shared by every loop that trains a model in basecap:
+the main training loop (``train.py``, its cooldown branches included), MQAR's from-scratch trainings
+(``eval/recall.py``) and the CPU planner's measured rate (``plan/cpu.py``). One definition, so a change to clipping,
+accumulation, the parameter groups or the schedule reaches all of them at once.
 
-The step is the arithmetic only: the loop that calls it owns the schedule (it passes the rate), the data (it passes
-the micro-batches), the records and the checkpoints.
+The step is the arithmetic only: the loop that calls it reads the rate from ``lr_at`` and passes it, owns the data
+(it passes the micro-batches), the records and the checkpoints.
 """
 
 from __future__ import annotations
 
+import math
 from contextlib import AbstractContextManager, nullcontext
-from typing import Callable, Iterable, Protocol
+from typing import Callable, Iterable, Protocol, runtime_checkable
 
 import torch
 
-__all__ = ["OptimizerSettings", "make_optimizer", "optimizer_step"]
+__all__ = [
+    "OptimizerSettings",
+    "ScheduleSettings",
+    "WsdSettings",
+    "cooldown_lr",
+    "decay_factor",
+    "lr_at",
+    "make_optimizer",
+    "optimizer_step",
+]
 
 
 class OptimizerSettings(Protocol):
@@ -28,6 +38,73 @@ class OptimizerSettings(Protocol):
 
     @property
     def betas(self) -> tuple[float, float]: ...
+
+
+def decay_factor(p: float, shape: str) -> float:
+    """How much of the way from the floor to the starting rate is left at decay progress ``p`` in [0, 1]:
+    1 at p = 0, 0 at p = 1 (linear, cosine, or 1-sqrt, the shape Haegele et al. 2024 found best for wsd)."""
+    p = min(1.0, max(0.0, p))
+    if shape == "linear":
+        return 1.0 - p
+    if shape == "cosine":
+        return 0.5 * (1 + math.cos(math.pi * p))
+    if shape == "1-sqrt":
+        return 1.0 - math.sqrt(p)
+    raise ValueError(f"decay shape {shape!r}: allowed linear, cosine, 1-sqrt")
+
+
+class ScheduleSettings(Protocol):
+    """What ``lr_at`` reads: the ``[train]`` section, or an MQAR training's settings (cosine only)."""
+
+    @property
+    def lr(self) -> float: ...
+
+    @property
+    def steps(self) -> int: ...
+
+    @property
+    def warmup_steps(self) -> int: ...
+
+    @property
+    def min_lr_ratio(self) -> float: ...
+
+    @property
+    def schedule(self) -> str: ...
+
+
+@runtime_checkable
+class WsdSettings(ScheduleSettings, Protocol):
+    """A schedule that can be ``wsd``: where its decay starts and the decay's shape (the ``[train]`` section)."""
+
+    @property
+    def decay_shape(self) -> str: ...
+
+    def wsd_decay_start(self) -> int: ...
+
+
+def lr_at(step: int, cfg: ScheduleSettings) -> float:
+    """The learning rate of 0-based ``step``: linear warmup to ``lr``, then (``schedule="cosine"``) cosine
+    decay to ``lr * min_lr_ratio``, or (``"wsd"``) ``lr`` held until the last ``decay_fraction`` of the
+    steps and decayed to the floor over them in ``decay_shape``, the last step at the floor."""
+    if step < cfg.warmup_steps:
+        return cfg.lr * (step + 1) / cfg.warmup_steps
+    floor = cfg.lr * cfg.min_lr_ratio
+    if cfg.schedule == "wsd":
+        if not isinstance(cfg, WsdSettings):
+            raise TypeError(f"schedule 'wsd' needs decay_shape and wsd_decay_start(); {type(cfg).__name__} has neither")
+        start = cfg.wsd_decay_start()
+        if step < start:
+            return cfg.lr
+        return cooldown_lr(step - start, cfg.steps - start, cfg.lr, floor, cfg.decay_shape)
+    progress = (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps)
+    return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
+
+
+def cooldown_lr(k: int, length: int, start_lr: float, floor: float, shape: str) -> float:
+    """Rate of the ``k``-th (0-based) of ``length`` decay steps from ``start_lr`` to ``floor``: the last one is
+    at the floor. A wsd run's decay and a cooldown branch share it, so a branch forked where a wsd run starts
+    its decay reproduces that run's end exactly."""
+    return floor + (start_lr - floor) * decay_factor((k + 1) / length, shape)
 
 
 def make_optimizer(model: torch.nn.Module, settings: OptimizerSettings) -> torch.optim.Optimizer:

@@ -33,9 +33,9 @@ from .config_base import ConfigError
 from .distributed import DistEnv, grad_sync, init_distributed, mean_across_ranks, wrap
 from .eval.ood import DomainEvaluator, in_domain_loss
 from .model import build_model
-from .optim import make_optimizer, optimizer_step
+from .optim import cooldown_lr, lr_at, make_optimizer, optimizer_step
 from .records import EVAL, TRAIN, AnnealRecord, LevelRecord, MetricsRecord, PointRecord, TrainRecord, eval_at, points, trains
-from .peak import PEAK_MATMUL_SIZE, matmul_peak_flops, mfu_fields, mfu_text, peak_flops  # noqa: F401 - re-exported
+from .peak import mfu_fields, mfu_text, peak_flops
 from .rundir import RunDir, environment_info
 from .tracking import Tracker, check_loggers, open_loggers
 
@@ -54,42 +54,6 @@ def resolve_device(cfg: RunConfig, local_rank: int = 0) -> tuple[torch.device, t
     if dtype == "auto":
         dtype = "bf16" if dev.type == "cuda" else "fp32"
     return dev, (torch.bfloat16 if dtype == "bf16" else None)
-
-
-def decay_factor(p: float, shape: str) -> float:
-    """How much of the way from the floor to the starting rate is left at decay progress ``p`` in [0, 1]:
-    1 at p = 0, 0 at p = 1 (linear, cosine, or 1-sqrt, the shape Haegele et al. 2024 found best for wsd)."""
-    p = min(1.0, max(0.0, p))
-    if shape == "linear":
-        return 1.0 - p
-    if shape == "cosine":
-        return 0.5 * (1 + math.cos(math.pi * p))
-    if shape == "1-sqrt":
-        return 1.0 - math.sqrt(p)
-    raise ValueError(f"decay shape {shape!r}: allowed linear, cosine, 1-sqrt")
-
-
-def lr_at(step: int, cfg) -> float:
-    """The learning rate of 0-based ``step``: linear warmup to ``lr``, then (``schedule="cosine"``) cosine
-    decay to ``lr * min_lr_ratio``, or (``"wsd"``) ``lr`` held until the last ``decay_fraction`` of the
-    steps and decayed to the floor over them in ``decay_shape``, the last step at the floor."""
-    if step < cfg.warmup_steps:
-        return cfg.lr * (step + 1) / cfg.warmup_steps
-    floor = cfg.lr * cfg.min_lr_ratio
-    if getattr(cfg, "schedule", "cosine") == "wsd":
-        start = cfg.wsd_decay_start()
-        if step < start:
-            return cfg.lr
-        return cooldown_lr(step - start, cfg.steps - start, cfg.lr, floor, cfg.decay_shape)
-    progress = (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps)
-    return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
-
-
-def cooldown_lr(k: int, length: int, start_lr: float, floor: float, shape: str) -> float:
-    """Rate of the ``k``-th (0-based) of ``length`` decay steps from ``start_lr`` to ``floor``: the last one is
-    at the floor. A wsd run's decay and a cooldown branch share it, so a branch forked where a wsd run starts
-    its decay reproduces that run's end exactly."""
-    return floor + (start_lr - floor) * decay_factor((k + 1) / length, shape)
 
 
 def mfu(tokens_per_s: float, train_flops_per_token: float, peak_flops: float) -> float:

@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import torch
@@ -72,7 +72,8 @@ class MqarTask:
 class MqarTraining:
     """The optimiser settings of an MQAR training: ``steps`` batches of ``batch_size`` new sequences; AdamW
     (``optim.make_optimizer``, the main loop's) at peak ``lr`` with ``betas`` and ``weight_decay`` on matrices,
-    linear warmup over ``warmup_frac`` of the steps, then cosine decay to 10%; gradients clipped at ``grad_clip``."""
+    the main loop's cosine schedule (``optim.lr_at``: linear warmup over ``warmup_frac`` of the steps, then cosine
+    decay to ``min_lr_ratio``); gradients clipped at ``grad_clip``."""
 
     steps: int = 1000
     batch_size: int = 32
@@ -81,6 +82,12 @@ class MqarTraining:
     warmup_frac: float = 0.02
     betas: tuple[float, float] = (0.9, 0.98)
     grad_clip: float = 1.0
+    min_lr_ratio: float = 0.1
+    schedule: Literal["cosine"] = "cosine"
+
+    @property
+    def warmup_steps(self) -> int:
+        return max(1, int(self.warmup_frac * self.steps))
 
 
 @torch.no_grad()
@@ -142,11 +149,6 @@ def mqar_training_set(task: MqarTask, training: MqarTraining, seed: int) -> tupl
     return inputs[perm], targets[perm]
 
 
-def lr_factor(step: int, warm: int, steps: int) -> float:
-    """The learning rate's multiplier at ``step``: linear warmup over ``warm`` steps, then cosine to 10% at ``steps``."""
-    return (step + 1) / warm if step < warm else 0.1 + 0.45 * (1 + math.cos(math.pi * (step - warm) / max(1, steps - warm)))
-
-
 def fit_mqar(
     model: torch.nn.Module,
     data: tuple[torch.Tensor, torch.Tensor],
@@ -159,12 +161,11 @@ def fit_mqar(
 ) -> tuple[list[tuple[int, float]], list[dict]]:
     """Train ``model`` on ``data`` (``mqar_training_set``'s), one batch a step; returns the loss curve (every 50
     steps and the last) and the test evaluations every ``eval_every`` steps before the last."""
-    from ..optim import make_optimizer, optimizer_step
+    from ..optim import lr_at, make_optimizer, optimizer_step
 
     inputs, targets = data
     steps, batch_size = training.steps, training.batch_size
     opt = make_optimizer(model, training)
-    warm = max(1, int(training.warmup_frac * steps))
     curve, evals = [], []
     model.train()
     for step in range(steps):
@@ -174,7 +175,7 @@ def fit_mqar(
             model,
             opt,
             [(x, y)],
-            lr=training.lr * lr_factor(step, warm, steps),
+            lr=lr_at(step, training),
             loss_fn=lambda a, b: model(a, targets=b, ignore_index=IGNORE)[0],
             grad_clip=training.grad_clip,
         )
