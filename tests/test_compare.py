@@ -223,3 +223,16 @@ def test_a_claims_file_it_cannot_read_is_named_with_the_key(tmp_path):
     with pytest.raises(ConfigError, match=r"claims\.toml: invalid configuration:\n  scale_steps\.0\.bogus: unknown key") as e:
         read_claims(p)
     assert "errors.pydantic.dev" not in str(e.value)
+
+
+def test_compile_reaches_the_new_architecture_only(published):
+    from basecap.compare import _comparison, _prepare
+
+    load_mixer_files([published / "running_mean.py"])
+    request = CompareRequest(study=published / "results" / "tinystudy", mixer="running_mean", root=published, work=published / "runs" / "cmp-c", compile=True)
+    setup = _prepare(request, lambda *_: None)
+    exp = _comparison(setup, 0.004, "tpp_lr4e-3")
+    compiled = {rc.name: rc.train.compile for rc in exp.resolve(exp.run_configs())}
+    assert compiled == {"tpp": False, "tpp_lr4e-3": False, "running_mean": True, "running_mean_lr2e-3": True}
+    assert setup.arch("running_mean", None) == {"name": "running_mean", "model": {"mixer": setup.table}, "train": {"compile": True}}
+    assert not (published / "runs" / "cmp-c").exists()  # nothing trained

@@ -40,6 +40,7 @@ def _cmd_compare(args):
         mqar_steps=args.mqar_steps,
         mqar_seeds=args.mqar_seed,
         speed_lengths=args.speed_lengths,
+        compile=args.compile,
     )
     compare(request)
 
@@ -80,6 +81,11 @@ def add_compare(sub) -> None:
         "--mqar-steps", type=int, default=None, help="a shorter MQAR training than the principle's protocol (a quick check; the row says so)"
     )
     c.add_argument("--mqar-seed", action="append", type=int, default=None, help="MQAR seeds instead of the protocol's (repeatable)")
+    c.add_argument(
+        "--compile",
+        action="store_true",
+        help="train the new architecture's runs with train.compile (the reference's records stay as published; docs/performance.md)",
+    )
     c.add_argument("--speed-lengths", nargs="*", type=int, default=None, metavar="T", help="speed at these lengths (default: 2048 16384; none: skip)")
 
 

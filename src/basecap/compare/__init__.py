@@ -169,7 +169,9 @@ class CompareRequest:
     give it, and overrides of it; ``reuse``: more folders of published runs for the reference's records; ``lrs``: the
     tuning grid instead of the study's; ``until_look``: stop after that look of the study's plan; ``out`` / ``work``:
     the results and training folders; ``mqar_steps`` / ``mqar_seeds``: a shorter MQAR than the principle's (for a quick
-    check); ``speed_lengths``: default 2048 and 16384 ([] skips the speed), ``speed_reps`` repeats each."""
+    check); ``speed_lengths``: default 2048 and 16384 ([] skips the speed), ``speed_reps`` repeats each; ``compile``:
+    the new architecture's runs train with ``train.compile`` (the reference's are the study's records, as they were
+    trained: docs/performance.md, "Compile by default?")."""
 
     mixer: str | None = None
     study: str | Path
@@ -189,6 +191,7 @@ class CompareRequest:
     mqar_seeds: list[int] | None = None
     speed_lengths: list[int] | None = None
     speed_reps: int = 3
+    compile: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -219,8 +222,9 @@ class _Setup:
         return f"{self.label}_lr{rate_label(self.design.rate)}"
 
     def arch(self, run: str, lr: float | None) -> dict:
-        """A [[runs]] entry of the new architecture (at ``lr``, else the design's rate)."""
-        return {"name": run, "model": {"mixer": self.table}, **({"train": {"lr": lr}} if lr is not None else {})}
+        """A [[runs]] entry of the new architecture (at ``lr``, else the design's rate; compiled where asked)."""
+        train = {**({"lr": lr} if lr is not None else {}), **({"compile": True} if self.request.compile else {})}
+        return {"name": run, "model": {"mixer": self.table}, **({"train": train} if train else {})}
 
 
 def _prepare(request: CompareRequest, log) -> _Setup:
@@ -327,6 +331,7 @@ def _row(setup: _Setup, st: Study, model, *, lr: float, tuning: dict | None, b_r
         "grid": design.grid,
         "tuning": tuning,
         "reference_lr": design.rate,
+        "compiled": setup.request.compile,
         "arm_b_note": (
             f"the study has no {design.reference} at lr {lr:g}"
             if b_ref is None

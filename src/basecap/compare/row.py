@@ -71,6 +71,7 @@ class CompareRow(TypedDict, total=False):
     grid: list[float]
     tuning: dict[str, Any] | None
     reference_lr: float
+    compiled: bool  # the new architecture's runs trained with train.compile (the reference's as published)
     arm_b_note: str | None
     seeds: list[int]
     looks: list[int]
@@ -156,7 +157,7 @@ def row_text(row: CompareRow) -> str:
     """The row as a few lines of plain text (what ``basecap compare`` prints)."""
     lines = [
         f"{row['architecture']} against {row['reference']} in {row['study']} (size {row['size']}, seeds {', '.join(map(str, row['seeds']))}; "
-        f"tuned rate {row['lr']:g} from {', '.join(f'{x:g}' for x in row['grid'])})",
+        f"tuned rate {row['lr']:g} from {', '.join(f'{x:g}' for x in row['grid'])}" + ("; its runs compiled)" if row.get("compiled") else ")"),
         f"  {'':<44}{'seeds':>6}{'gap':>9}  {'95% interval':<18}" + "".join(f"{d:>9}" for d in row["domains"]) + "  verdict",
     ]
     for a in row["arms"]:
