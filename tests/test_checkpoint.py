@@ -100,7 +100,7 @@ def test_resume_refuses_a_planted_checkpoint(tiny_corpus, tiny_recipe_path, tmp_
 
     from basecap.train import train
 
-    train(run_cfg(tiny_recipe_path, steps=4), tmp_path / "r", corpus=tiny_corpus, log=lambda *_: None)
+    train(run_cfg(tiny_recipe_path, steps=8), tmp_path / "r", corpus=tiny_corpus, log=lambda *_: None, stop_at=4)
     ckpt = latest_good_checkpoint(tmp_path / "r" / "checkpoints")
     marker = tmp_path / "code_ran"
     (ckpt / "state" / ".metadata").write_bytes(pickle.dumps(Payload(marker)))

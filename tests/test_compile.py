@@ -101,8 +101,8 @@ def test_compiled_training_matches_eager_and_resumes_exactly(tiny_corpus, tiny_r
     assert compiled == pytest.approx(eager, rel=1e-5)  # the same sums, fused in another order
     for a, b in zip(compiled_ev, eager_ev):
         assert a["in_domain_loss"] == pytest.approx(b["in_domain_loss"], rel=1e-5)
-    # stopped after its step-2 checkpoint (a constant rate: a 2-step run is the first half of the 4-step one), resumed
-    train(_cfg(tiny_recipe_path, steps=2, compile=True), tmp_path / "resumed", corpus=tiny_corpus, log=quiet)
+    # stopped after its step-2 checkpoint, resumed
+    train(_cfg(tiny_recipe_path, compile=True), tmp_path / "resumed", corpus=tiny_corpus, log=quiet, stop_at=2)
     msgs = []
     train(_cfg(tiny_recipe_path, compile=True), tmp_path / "resumed", corpus=tiny_corpus, log=msgs.append)
     assert any("resuming from step_00000002" in m for m in msgs)

@@ -87,7 +87,7 @@ def test_training_resumes_past_a_torn_metrics_line_and_syncs_before_checkpoints(
     real = rundir.fsync
     for mod in (rundir, checkpoint):
         monkeypatch.setattr(mod, "fsync", lambda p: (synced.append(os.path.basename(p)), real(p)))
-    train(run_cfg(tiny_recipe_path, steps=4), tmp_path / "r", corpus=tiny_corpus, log=lambda *_: None)
+    train(run_cfg(tiny_recipe_path, steps=8), tmp_path / "r", corpus=tiny_corpus, log=lambda *_: None, stop_at=4)
     assert synced.count("metrics.jsonl") == 1  # one checkpoint (step 4), and the metrics first
     assert synced.index("metrics.jsonl") < synced.index("model.safetensors")
     with open(tmp_path / "r" / "metrics.jsonl", "a") as f:

@@ -56,6 +56,27 @@ def test_finished_run_is_skipped(tiny_corpus, tiny_recipe_path, tmp_path):
     assert train(cfg, tmp_path / "r", corpus=tiny_corpus, log=msgs.append) == final
 
 
+def test_a_run_goes_on_only_with_the_config_it_started_with(tiny_corpus, tiny_recipe_path, tmp_path):
+    from basecap.config_base import ConfigError
+
+    quiet = lambda *_: None  # noqa: E731
+    train(run_cfg(tiny_recipe_path, steps=8), tmp_path / "r", corpus=tiny_corpus, log=quiet, stop_at=4)  # a checkpoint at 4
+    with pytest.raises(ConfigError, match=r"r: this run was started with another config \(train.lr: 0.003 in the run, 0.004 now\)"):
+        train(run_cfg(tiny_recipe_path, steps=8, lr=4e-3), tmp_path / "r", corpus=tiny_corpus, log=quiet)
+    with pytest.raises(ConfigError, match=r"train.steps: 8 in the run, 12 now"):  # not a longer run spliced onto this one
+        train(run_cfg(tiny_recipe_path, steps=12), tmp_path / "r", corpus=tiny_corpus, log=quiet)
+    # what does not change the training may differ: threads, the progress bar, checkpoint spacing
+    final = train(run_cfg(tiny_recipe_path, steps=8, threads=1, checkpoint_every=2), tmp_path / "r", corpus=tiny_corpus, log=quiet)
+    assert final["step"] == 8
+    with pytest.raises(ConfigError, match=r"model.d_model: 32 in the run, 16 now"):  # finished: not skipped as another's result
+        cfg = run_cfg(tiny_recipe_path, steps=8)
+        cfg.model.d_model = 16
+        train(cfg, tmp_path / "r", corpus=tiny_corpus, log=quiet)
+    (tmp_path / "fresh").mkdir()
+    (tmp_path / "fresh" / "run.json").write_text((tmp_path / "r" / "run.json").read_text())  # killed before its first checkpoint
+    assert train(run_cfg(tiny_recipe_path, steps=4), tmp_path / "fresh", corpus=tiny_corpus, log=quiet)["step"] == 4  # nothing started: free
+
+
 def test_grad_accumulation_matches_full_batch(tiny_corpus, tiny_recipe_path, tmp_path):
     a, _ = (train(run_cfg(tiny_recipe_path, steps=3), tmp_path / "a", corpus=tiny_corpus, log=lambda *_: None), None)
     b = train(run_cfg(tiny_recipe_path, steps=3, grad_accum=2), tmp_path / "b", corpus=tiny_corpus, log=lambda *_: None)

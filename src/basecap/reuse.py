@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from typing import Any
 
 from .atomic import write_json
 from .rundir import RunDir
@@ -23,18 +24,51 @@ LABELS = ("name",)  # config keys that only label a run
 # keys that only change what a run prints: a run trained with and without `--set train.progress=false` is the same
 # training, so a record that differs from the config in them alone is reusable
 DISPLAY_KEYS = (("train", "progress"),)
+# keys that change how a run is carried out, not what it trains: a run may resume (or be skipped as finished) with
+# other values of these, never of any other key (``resume_differences``)
+RESUME_FREE_KEYS = (
+    *DISPLAY_KEYS,
+    ("train", "threads"),
+    ("train", "loggers"),
+    ("train", "log_every"),
+    ("train", "checkpoint_every"),
+    ("train", "keep_checkpoints"),
+    ("train", "keep_cooldown_weights"),
+    ("train", "dist_timeout_s"),
+    ("train", "peak_flops"),
+)
 
 
-def _key(config: dict) -> str:
+def _as_read_today(config: dict) -> dict:
     """The config as today's code reads it (a field added since the run trained takes its default, which is what
-    that run did: a new option never changes what its default does), without its labels."""
+    that run did: a new option never changes what its default does); as stored when today's code refuses it."""
     from .config import RunConfig
 
     try:
-        config = json.loads(RunConfig.model_validate(config).model_dump_json())
+        return json.loads(RunConfig.model_validate(config).model_dump_json())
     except ValueError:  # a config today's code no longer accepts: compared as stored (it matches nothing valid)
-        pass
-    out = {k: v for k, v in config.items() if k not in LABELS}
+        return config
+
+
+def resume_differences(stored: dict, now: dict) -> list[str]:
+    """Where the config a run directory was started with (its run.json's) and the config it is now asked to go on with
+    differ, key by key (``train.lr: 0.002 in the run, 0.004 now``), leaving out labels and ``RESUME_FREE_KEYS``."""
+    out: list[str] = []
+
+    def walk(a: Any, b: Any, path: tuple[str, ...]) -> None:
+        if isinstance(a, dict) and isinstance(b, dict):
+            for k in sorted(set(a) | set(b)):
+                walk(a.get(k), b.get(k), (*path, k))
+        elif a != b and path not in RESUME_FREE_KEYS and path not in [(label,) for label in LABELS]:
+            out.append(f"{'.'.join(path)}: {json.dumps(a)} in the run, {json.dumps(b)} now")
+
+    walk(_as_read_today(stored), _as_read_today(now), ())
+    return out
+
+
+def _key(config: dict) -> str:
+    """The config as today's code reads it, without its labels and display keys: equal keys, the same training."""
+    out = {k: v for k, v in _as_read_today(config).items() if k not in LABELS}
     for section, field in DISPLAY_KEYS:
         if isinstance(out.get(section), dict):
             out[section] = {k: v for k, v in out[section].items() if k != field}
