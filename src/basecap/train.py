@@ -111,9 +111,10 @@ def check_same_run(cfg: RunConfig, rd: RunDir) -> None:
     with, up to the keys that do not change what it trains (``reuse.RESUME_FREE_KEYS``: threads, loggers, ...):
     anything else would splice two trainings into one record, or return another config's results as this one's."""
     started = rd.read_done() is not None or any(rd.checkpoints.glob("step_*"))
-    if not started or not rd.info_path.is_file():
+    stored = rd.read_info().get("config") if started and rd.info_path.is_file() else None
+    if stored is None:
         return
-    differ = resume_differences(rd.read_info()["config"], json.loads(cfg.model_dump_json()))
+    differ = resume_differences(stored, json.loads(cfg.model_dump_json()))
     if differ:
         raise ConfigError(
             f"{rd.path}: this run was started with another config ({'; '.join(differ)}); a run resumes, or is skipped as "
