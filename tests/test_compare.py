@@ -155,6 +155,9 @@ def test_a_file_mixer_joins_a_published_study(published):
     assert arms["A"]["values"] == pytest.approx(comp["per_seed"]) and arms["A"]["seeds"] == comp["seeds"]
     assert arms["A"]["reading"].startswith("planned look 2 of 2 (3 seeds)")
     assert row["overall"]["verdict"] in ("keeps", "degrades", "undecided")
+    # the tiny study has no band (the old design): no specification can be read, and the row says so
+    assert all(s["verdict"] == "n/a" for a in row["arms"] if a["n"] >= 2 for s in a["specs"])
+    assert row["robustness"]["robust"] is False and row["robustness"]["missing"]
     assert row["mqar"]["values"] and row["mqar"]["shortened"] is False and row["mqar"]["score_kv_pairs"] == 2
     assert row["state_bytes"] == 2 * 32 * 4 and row["state_grows"] is False  # two layers of d_model floats
     assert row["cost"] == "O(T) train, O(1) per decoded token" and set(row["speed"]) == {"32"}
@@ -236,3 +239,25 @@ def test_compile_reaches_the_new_architecture_only(published):
     assert compiled == {"tpp": False, "tpp_lr4e-3": False, "running_mean": True, "running_mean_lr2e-3": True}
     assert setup.arch("running_mean", None) == {"name": "running_mean", "model": {"mixer": setup.table}, "train": {"compile": True}}
     assert not (published / "runs" / "cmp-c").exists()  # nothing trained
+
+
+def test_the_row_says_which_specification_breaks_its_verdict():
+    """The Forgetting Transformer's published comparison (results/compare-forgetting_attn-architectures_rate_arms):
+    it degrades in the study's own reading and at the lowest and half-of-training levels, but with every target instead
+    of the seen ones the interval reaches 0: not robust, and the row names that choice."""
+    from pathlib import Path
+
+    from basecap.compare.row import arm_reading, robustness, spec_readings
+    from basecap.scorecard.compute import load_study
+
+    root = Path(__file__).resolve().parents[1]
+    design = find_design(root / "results" / "architectures_rate_arms", root=root)
+    study = load_study(root / "results" / "compare-forgetting_attn-architectures_rate_arms")
+    arm = arm_reading(design, study, "tuned", "forgetting_attn", design.reference, 2e-3)
+    arm["specs"] = spec_readings(design, study, arm)
+    assert arm["verdict"] == "degrades"
+    by = {s["spec"]: s for s in arm["specs"]}
+    assert [by[k]["verdict"] for k in ("targets: all", "level: lowest", "level: half")] == ["undecided", "degrades", "degrades"]
+    assert by["targets: all"]["band"] == [4.0, 4.2] and by["targets: all"]["ci95"][0] < 0.001
+    assert by["level: lowest"]["band"][0] < 4.0  # read lower than the study's band
+    assert robustness([arm], "degrades") == {"robust": False, "breaks": ["arm tuned: targets: all (undecided)"], "missing": []}

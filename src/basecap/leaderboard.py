@@ -106,6 +106,8 @@ def _claim_row(c: dict, labels: dict[str, dict], root: Path) -> dict:
         "gap": t.get("mean"),
         "gap_ci": t.get("ci95"),
         "verdict": c.get("verdict"),
+        "robust": c.get("robust"),
+        "breaks": list(c.get("breaks") or []),
     }
     for d, per_seed in parts.items():
         iv = _interval(list(per_seed.values()))
@@ -139,6 +141,10 @@ def _compare_row(path: Path, root: Path) -> dict:
         "verdict": r["overall"]["verdict"],
         "mqar": (r.get("mqar") or {}).get("mean"),
     }
+    rb = r.get("robustness")
+    if rb is not None:  # "arm tuned: targets: all (undecided)" -> "targets: all"; an arm's own other verdict -> "arm A"
+        row["robust"] = rb["robust"]
+        row["breaks"] = list(dict.fromkeys(b.split(": ", 1)[1].rsplit(" (", 1)[0] if ": " in b else b.rsplit(" (", 1)[0] for b in rb["breaks"]))
     for d, iv in (tuned.get("domains") or {}).items():
         row[d], row[f"{d}_ci"] = iv.get("gap"), iv.get("ci95")
     for key, arm in (("arm_a", "A"), ("arm_b", "B")):
@@ -196,6 +202,14 @@ def _bytes(row: dict) -> str:
     return text + (" (grows)" if row.get("state_grows") else "")
 
 
+def _verdict(row: dict) -> str:
+    """The verdict and what it survives: *robust* when every specification gives it, else the choices that do not."""
+    v = row.get("verdict") or "-"
+    if row.get("breaks"):
+        return f"{v}, not under {', '.join(row['breaks'])}"
+    return f"{v}, robust" if row.get("robust") else v
+
+
 def leaderboard_markdown(rows: list[dict], by: str = "gap", figure: bool = False) -> str:
     rows = sort_rows(rows, by)
     domains = [d for d in ("docs", "code") if any(d in r for r in rows)] or ["docs", "code"]
@@ -213,7 +227,9 @@ def leaderboard_markdown(rows: list[dict], by: str = "gap", figure: bool = False
         "(nats/token, the mean of the held-out domains, the study's primary measure; positive = worse), over the seeds, with its "
         "95% t interval; **docs** / **code**: each domain's; **arm A**: both at Transformer++'s learning rate; **arm B**: both at "
         "the architecture's tuned rate (`-`: no such arm, *waiting*: not published yet); **verdict**: the scorecard's for a claim of "
-        "the paper, `basecap compare`'s (over the arms) for an architecture added with it. **MQAR**: accuracy at 8 key-value pairs "
+        "the paper, `basecap compare`'s (over the arms) for an architecture added with it; *robust* when every specification "
+        "(every target instead of the seen ones, the band at the lowest common level, at half of training, each rate arm) gives "
+        "it, else *not under* the choices that give another. **MQAR**: accuracy at 8 key-value pairs "
         "on the principle's protocol (mean over its seeds; `-`: not measured yet). **state**: one sequence's decoding state at "
         f"{STATE_AT} tokens (fp32). **tok/s**: training tokens per second on the CPU the runs trained on (median over seeds; "
         "threads in brackets). Rows sorted by "
@@ -235,7 +251,7 @@ def leaderboard_markdown(rows: list[dict], by: str = "gap", figure: bool = False
             *(_gap(r.get(d), r.get(f"{d}_ci")) for d in domains),
             _gap(r.get("arm_a"), r.get("arm_a_ci"), "*waiting*" if r.get("arm_a_note") else None),
             _gap(r.get("arm_b"), r.get("arm_b_ci"), "*waiting*" if r.get("arm_b_note") else None),
-            r.get("verdict") or "-",
+            _verdict(r),
             f"{r['mqar']:.3f}" if r.get("mqar") is not None else "-",
             _bytes(r),
             speed,

@@ -26,7 +26,7 @@ from ..atomic import write_json
 from ..config_base import ConfigError, check_name
 from ..rundir import git_state
 from . import measure
-from .row import ArmReading, CompareRow, arm_reading, overall, row_text
+from .row import ArmReading, CompareRow, arm_reading, overall, robustness, row_text, spec_readings
 from .study import Design, as_recorded, check_record, find_design, locate, look_seeds, rate_label, with_runs
 
 if TYPE_CHECKING:
@@ -302,6 +302,9 @@ def _arms(setup: _Setup, st: Study, lr: float, b_ref: str | None) -> list[ArmRea
     ]
     if b_ref is not None and b_ref != design.reference:
         arms.append(arm_reading(design, st, "B", label, b_ref, lr))
+    for a in arms:
+        if a["n"] >= 2:
+            a["specs"] = spec_readings(design, st, a)
     return arms
 
 
@@ -346,6 +349,7 @@ def _row(setup: _Setup, st: Study, model, *, lr: float, tuning: dict | None, b_r
         "alpha": design.alpha,
         "arms": arms,
         "overall": overall(arms, design.alpha),
+        "robustness": robustness(arms, overall(arms, design.alpha)["verdict"]),
         "in_domain_loss": in_domain,
         "params": run_info.get("params"),
         "corpus": setup.corpus.name,

@@ -7,6 +7,12 @@ primary measure, the mean of the held-out domains' gaps), tested by the scorecar
 *undecided* (as the scorecard's predictions read an outcome: a gap shown worse but within the margin is too small to
 call a change of base capability). The row's verdict is an intersection-union over the arms the study has (tuned,
 A, and B where the reference trained at the architecture's rate): each p value the largest of the arms'.
+
+What the verdict survives (``spec_readings``, ``robustness``): each arm is read again under the scorecard's
+specifications (``scorecard.robust.SPECS``: every target instead of the seen ones, the band at the lowest level
+every curve reaches, the band at the level of half of training), each choice on its own, with the same tests and plan.
+The verdict is *robust* when every arm under every specification gives it; otherwise the row names the choices that
+break it (docs/metrics.md, "Robust verdicts").
 """
 
 from __future__ import annotations
@@ -15,7 +21,8 @@ from typing import Any, TypedDict
 
 from ..report.stats import paired_test
 from ..scorecard.claims import Claim
-from ..scorecard.compute import Study, lacking_runs, pair_gaps
+from ..scorecard.compute import Study, lacking_runs, level_band, pair_gaps
+from ..scorecard.robust import SPECS, read
 from ..scorecard.verdicts import claim_tests
 from .study import Design
 
@@ -26,6 +33,18 @@ class Interval(TypedDict):
     n: int
     gap: float | None
     ci95: list[float] | None
+
+
+class SpecReading(TypedDict, total=False):
+    """One arm read under one specification (``spec_readings``)."""
+
+    spec: str  # "targets: all", "level: lowest", "level: half"
+    band: list[float]  # the in-domain band it was read in (the study's for "targets: all")
+    n: int
+    gap: float | None
+    ci95: list[float] | None
+    verdict: str  # keeps / degrades / undecided, or "n/a" with ``detail``
+    detail: str
 
 
 class ArmReading(TypedDict, total=False):
@@ -47,6 +66,13 @@ class ArmReading(TypedDict, total=False):
     p_keeps: float
     p_degrades: float
     reading: str  # how the study's plan of looks read the p values
+    specs: list[SpecReading]  # the arm under each specification (``spec_readings``)
+
+
+class Robustness(TypedDict):
+    robust: bool  # every arm under every specification gives the row's verdict
+    breaks: list[str]  # "arm A: level: lowest (undecided)": where another verdict comes out
+    missing: list[str]  # where a specification cannot be read (no level to read, fewer than 2 seeds)
 
 
 class Overall(TypedDict, total=False):
@@ -80,6 +106,7 @@ class CompareRow(TypedDict, total=False):
     alpha: float
     arms: list[ArmReading]
     overall: Overall
+    robustness: Robustness  # whether every arm under every specification gives the verdict
     in_domain_loss: float | None
     params: dict[str, Any] | None
     corpus: str
@@ -132,6 +159,42 @@ def arm_reading(design: Design, study: Study, arm: str, run: str, reference: str
     return out
 
 
+def spec_readings(design: Design, study: Study, arm: ArmReading) -> list[SpecReading]:
+    """``arm`` read under each of the scorecard's specifications, each choice on its own: the same per-seed pairing,
+    tests and plan of looks as the arm's own reading, in the band the specification places."""
+    out: list[SpecReading] = []
+    for label, measure, level in SPECS:
+        keeps = _claim(design, arm["run"], arm["reference"], "no_effect").model_copy(update={"measure": measure})
+        worse = keeps.model_copy(update={"expect": "worse"})
+        band = level_band(keeps, study, level)
+        if band is None:
+            out.append({"spec": label, "n": 0, "gap": None, "ci95": None, "verdict": "n/a", "detail": "no level to read"})
+            continue
+        at = None if level == "band" else band  # the study's own band: read as the arm's own reading reads it
+        try:
+            k, w = (read(c, study, design.plan, design.domains, design.margin, at)["test"] for c in (keeps, worse))
+        except (ValueError, KeyError) as e:  # a curve that does not reach the band
+            out.append(
+                {"spec": label, "band": [round(band[0], 4), round(band[1], 4)], "n": 0, "gap": None, "ci95": None, "verdict": "n/a", "detail": str(e)}
+            )
+            continue
+        got: SpecReading = {"spec": label, "band": [round(band[0], 4), round(band[1], 4)], "n": k["n"], "gap": k["mean"], "ci95": k["ci95"]}
+        if k["n"] < 2:
+            got["verdict"], got["detail"] = "n/a", "fewer than 2 seeds reach the band"
+        else:
+            got["verdict"] = verdict(k["p_holds_plan"], w["p_holds_plan"], design.alpha)
+        out.append(got)
+    return out
+
+
+def robustness(arms: list[ArmReading], verdict_: str) -> Robustness:
+    """Whether every arm under every specification gives the row's verdict ``verdict_`` (arms with their readings)."""
+    breaks = [f"arm {a['arm']}: {s['spec']} ({s['verdict']})" for a in arms for s in a.get("specs", []) if s["verdict"] not in ("n/a", verdict_)]
+    breaks = [f"arm {a['arm']} ({a['verdict']})" for a in arms if a["verdict"] != verdict_] + breaks
+    missing = [f"arm {a['arm']}: {s['spec']} ({s.get('detail', 'n/a')})" for a in arms for s in a.get("specs", []) if s["verdict"] == "n/a"]
+    return {"robust": not breaks and not missing, "breaks": breaks, "missing": missing}
+
+
 def overall(arms: list[ArmReading], alpha: float) -> Overall:
     """The intersection-union over the arms: each p value the largest of the arms' (an arm without two paired seeds
     leaves the row undecided, naming it)."""
@@ -171,6 +234,17 @@ def row_text(row: CompareRow) -> str:
         f" (p keeps {o['p_keeps']:.3g}, p degrades {o['p_degrades']:.3g}, read {row['arms'][0].get('reading', 'one look')})" if "p_keeps" in o else ""
     )
     lines.append(f"  verdict over the arms: {o['verdict']}{ps}" + (f"; {o['note']}" if o.get("note") else ""))
+    for a in row["arms"]:
+        specs = "; ".join(f"{s['spec']} {_num(s.get('gap'))} {_ci(s.get('ci95'))} {s['verdict']}" for s in a.get("specs", []))
+        if specs:
+            lines.append(f"    {ARM_TEXT[a['arm']]} under each specification: {specs}")
+    rb = row.get("robustness")
+    if rb:
+        lines.append(
+            "  robust: yes, every arm under every specification gives it"
+            if rb["robust"]
+            else "  robust: no; " + "; ".join([*(f"breaks at {b}" for b in rb["breaks"]), *(f"not read at {m}" for m in rb["missing"])])
+        )
     extra = []
     if row.get("mqar"):
         m = row["mqar"]
