@@ -225,3 +225,22 @@ def test_principle_mqar_trains_for_real_on_a_short_protocol(tmp_path, spec, clai
     new = measure(short, claims, ROOT, tmp_path / "m.json", ["Transformer++"], [0], threads=1, log=lambda *_: None)
     (rec,) = new
     assert 0 <= rec["acc_at_score"] <= 1 and set(rec["acc"]) == {"1", "2", "4", "8", "16"} and rec["threads"] == 1
+
+
+def test_a_prediction_is_read_through_the_plan_it_joined_and_under_each_specification(spec, claims):
+    """The Forgetting Transformer's published comparison: its seeds came at the rate arms' looks (3, then 5), so its p
+    values are read at look 2 of 2; it degrades there, and under every target instead of the seen ones the interval
+    reaches 0 and the outcome is undecided: the miss is fragile."""
+    from basecap.scorecard.compute import load_study
+    from basecap.scorecard.predictions import predictions
+
+    name = "compare-forgetting_attn-architectures_rate_arms"
+    studies = {name: load_study(ROOT / "results" / name)}
+    (fox, *others) = predictions(spec, claims, studies)
+    assert fox["outcome"] == "degrades" and fox["called"] == "missed"
+    assert fox["read"].startswith("planned look 2 of 2 (5 seeds)")
+    raw = max(r["p_degrades"] for r in (fox["tuned"], fox["arm_a"]))
+    assert fox["p_degrades"] > raw  # the plan's repeated p value is larger than the nominal one
+    assert {s["spec"]: s["outcome"] for s in fox["specs"]} == {"targets: all": "undecided", "level: lowest": "degrades", "level: half": "degrades"}
+    assert fox["robust"] is False
+    assert [o["called"] for o in others] == ["not run", "not run"]

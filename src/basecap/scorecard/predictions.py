@@ -7,15 +7,23 @@ study (a results folder with summary.json) that holds records of the run named a
 rate arms' naming). Outside the family: each prediction is its own test of the principle, read at alpha with 95%
 intervals. The measured outcome is claim-style, an intersection-union over the tuned comparison and arm A:
 *keeps* when the gap is shown within the margin (TOST) in both; else *degrades* when it is shown worse (the two-sided
-test, in that direction) in both; else *undecided*. A gap shown worse but within the margin is *keeps*: below the
+test, in that direction) in both; else *undecided*; each p value read through the plan of looks of the study whose
+design the architecture joined (``compare.json``'s ``study``: seeds were added at its planned looks). A gap shown worse but within the margin is *keeps*: below the
 margin a difference is too small to call a change of base capability (the claims file's margin_reason).
+
+What the outcome survives: the same outcome read again under each of the scorecard's specifications
+(``robust.SPECS``: every target, the band at the lowest common level, at half of training), each on its own. The
+outcome is *robust* when every specification gives it; a call or a miss that one defensible choice undoes is fragile.
 """
 
 from __future__ import annotations
 
+import json
+
 from .claims import Claim, ClaimsFile
-from .compute import Study, claim_values, lacking_runs
+from .compute import Study, claim_values, lacking_runs, level_band
 from .principle import PrincipleFile
+from .sequential import Plan
 from .verdicts import claim_tests
 
 REFERENCE = "transformer_pp"
@@ -30,9 +38,15 @@ def _find_study(architecture: str, studies: dict) -> str | None:
     return (named or have or [None])[0]
 
 
-def _reading(study: Study, run: str, domains: list[str], margin: float) -> dict:
+def _reading(study: Study, run: str, domains: list[str], margin: float, measure: str = "primary", level: str = "band") -> dict:
+    """``run`` against Transformer++: per-seed gaps and both tests, in the study's band (``level`` "band") or the band
+    a specification places ("lowest", "half"), on ``measure``; raises ValueError where no band can be placed."""
     c = Claim(id="prediction", section="predictions", paper="-", study=study.name, expect="no_effect", run=run, reference=REFERENCE)
-    got = claim_values(c, study, domains)
+    c = c.model_copy(update={"measure": measure})
+    band = None if level == "band" else level_band(c, study, level)
+    if level != "band" and band is None:
+        raise ValueError(f"no {level} level to read {run} at")
+    got = claim_values(c, study, domains, band)
     keeps = claim_tests(c, got["values"], margin)
     worse = claim_tests(c.model_copy(update={"expect": "worse"}), got["values"], margin)
     return {
@@ -45,6 +59,26 @@ def _reading(study: Study, run: str, domains: list[str], margin: float) -> dict:
         "p_keeps": keeps["p_holds"],
         "p_degrades": worse["p_holds"],
     }
+
+
+def _plan(st: Study, claims: ClaimsFile) -> Plan:
+    """The plan of looks the architecture's seeds were added by: that of the study ``basecap compare`` joined (its
+    compare.json's ``study``), else the study's own where the claims file declares one, else none."""
+    from .robust import plan_of
+
+    joined = st.dir / "compare.json"
+    name = json.loads(joined.read_text(encoding="utf-8")).get("study") if joined.is_file() else st.name
+    return plan_of(claims, name) if name in claims.studies else Plan()
+
+
+def _outcome(readings: list[dict], plan: Plan, alpha: float) -> tuple[str, float, float, str]:
+    """The intersection-union outcome over the readings, each p value through ``plan``: (outcome, p keeps, p degrades,
+    how the plan read them)."""
+    keeps = [plan.adjust(r["p_keeps"], r["n"]) for r in readings]
+    degrades = [plan.adjust(r["p_degrades"], r["n"]) for r in readings]
+    p_keeps, p_degrades = max(p for p, _ in keeps), max(p for p, _ in degrades)
+    outcome = "keeps" if p_keeps <= alpha else "degrades" if p_degrades <= alpha else "undecided"
+    return outcome, p_keeps, p_degrades, keeps[0][1]
 
 
 def predictions(spec: PrincipleFile, claims: ClaimsFile, studies: dict) -> list[dict]:
@@ -81,8 +115,29 @@ def predictions(spec: PrincipleFile, claims: ClaimsFile, studies: dict) -> list[
             entry.update(outcome="undecided", called="not yet decided")
             entry["detail"] = entry["detail"] or "fewer than 2 seeds"
             continue
-        p_keeps, p_degrades = (max(r[k] for r in readings) for k in ("p_keeps", "p_degrades"))
-        outcome = "keeps" if p_keeps <= alpha else "degrades" if p_degrades <= alpha else "undecided"
-        entry.update(outcome=outcome, p_keeps=p_keeps, p_degrades=p_degrades)
+        plan = _plan(st, claims)
+        outcome, p_keeps, p_degrades, how = _outcome(readings, plan, alpha)
+        entry.update(outcome=outcome, p_keeps=p_keeps, p_degrades=p_degrades, read=how or "one look")
         entry["called"] = "not yet decided" if outcome == "undecided" else "called" if outcome == p.predicts else "missed"
+        entry["specs"] = _specifications(st, p.architecture, arm_run, claims, plan)
+        entry["robust"] = all(sp["outcome"] == outcome for sp in entry["specs"])
     return out
+
+
+def _specifications(st: Study, architecture: str, arm_run: str, claims: ClaimsFile, plan: Plan) -> list[dict]:
+    """The outcome under each specification on its own (the tuned comparison and arm A, as the outcome is read)."""
+    from .robust import SPECS
+
+    specs = []
+    for label, measure, level in SPECS:
+        try:
+            rs = [_reading(st, run, claims.domains, claims.margin, measure, level) for run in (architecture, arm_run)]
+        except (ValueError, KeyError) as e:
+            specs.append({"spec": label, "outcome": "n/a", "detail": str(e)})
+            continue
+        if any(r["n"] < 2 for r in rs):
+            specs.append({"spec": label, "outcome": "n/a", "detail": "fewer than 2 seeds"})
+            continue
+        outcome = _outcome(rs, plan, claims.alpha)[0]
+        specs.append({"spec": label, "outcome": outcome, "mean": rs[0]["mean"], "ci95": rs[0]["ci95"]})
+    return specs
