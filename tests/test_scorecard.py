@@ -232,7 +232,9 @@ def test_numbers_quoted_in_study_readmes_match_summary_json(readme):
     triples += [(r["before"]["mean"], *r["before"]["ci95"]) for r in card["claims"] if (r.get("before") or {}).get("ci95")]
     # and a `basecap compare` row's arms (compare.json: the scorecard's measure, the mean of the held-out domains)
     for f in glob.glob(str(ROOT / "results/*/compare.json")):
-        triples += [(a["gap"], *a["ci95"]) for a in json.loads(Path(f).read_text())["arms"] if a.get("ci95")]
+        arms = json.loads(Path(f).read_text())["arms"]
+        triples += [(a["gap"], *a["ci95"]) for a in arms if a.get("ci95")]
+        triples += [(x["gap"], *x["ci95"]) for a in arms for x in a.get("specs") or [] if x.get("ci95")]  # under each specification
     study = Path(readme).parent
     # a study still training may keep its finished runs' records with a README and no report yet
     owns = [json.loads(f.read_text()) for f in [study / "summary.json", *study.glob("*/summary.json")] if f.is_file()]
