@@ -36,6 +36,7 @@ RESUME_FREE_KEYS = (
     ("train", "keep_cooldown_weights"),
     ("train", "dist_timeout_s"),
     ("train", "peak_flops"),
+    ("train", "parallel"),  # DDP or FSDP: the same training, its checkpoints re-sharded on resume (docs/scaling.md)
 )
 
 
