@@ -15,10 +15,14 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .atomic import write_json
+from .config_base import ConfigError
 from .rundir import RunDir
+
+if TYPE_CHECKING:
+    from .config import RunConfig
 
 LABELS = ("name",)  # config keys that only label a run
 # keys that only change what a run prints: a run trained with and without `--set train.progress=false` is the same
@@ -65,6 +69,22 @@ def resume_differences(stored: dict, now: dict) -> list[str]:
 
     walk(_as_read_today(stored), _as_read_today(now), ())
     return out
+
+
+def check_same_run(cfg: RunConfig, rd: RunDir) -> None:
+    """A run directory with a checkpoint or a finished run goes on (or is skipped) only with the config it was started
+    with, up to the keys that do not change what it trains (``reuse.RESUME_FREE_KEYS``: threads, loggers, ...):
+    anything else would splice two trainings into one record, or return another config's results as this one's."""
+    started = rd.read_done() is not None or any(rd.checkpoints.glob("step_*"))
+    stored = rd.read_info().get("config") if started and rd.info_path.is_file() else None
+    if stored is None:
+        return
+    differ = resume_differences(stored, json.loads(cfg.model_dump_json()))
+    if differ:
+        raise ConfigError(
+            f"{rd.path}: this run was started with another config ({'; '.join(differ)}); a run resumes, or is skipped as "
+            "finished, only with the config it started with: remove the folder to train it anew, or give the run another name"
+        )
 
 
 def _key(config: dict) -> str:

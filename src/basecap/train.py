@@ -36,7 +36,7 @@ from .model import build_model
 from .optim import cooldown_lr, lr_at, make_optimizer, optimizer_step
 from .records import EVAL, TRAIN, AnnealRecord, LevelRecord, MetricsRecord, PointRecord, TrainRecord, eval_at, points, trains
 from .peak import mfu_fields, mfu_text, peak_flops
-from .reuse import resume_differences
+from .reuse import check_same_run
 from .rundir import RunDir, environment_info
 from .tracking import Tracker, check_loggers, open_loggers
 
@@ -104,22 +104,6 @@ def train(cfg: RunConfig, run_dir, corpus=None, log=print, stop_at: int | None =
     env = init_distributed(device.type, cfg.train.dist_timeout_s)
     with RunDir(run_dir).lock(env):  # one process (one torchrun job) per run directory, for the whole run
         return _train(cfg, RunDir(run_dir), env, device, amp_dtype, corpus, log=log, stop_at=stop_at)
-
-
-def check_same_run(cfg: RunConfig, rd: RunDir) -> None:
-    """A run directory with a checkpoint or a finished run goes on (or is skipped) only with the config it was started
-    with, up to the keys that do not change what it trains (``reuse.RESUME_FREE_KEYS``: threads, loggers, ...):
-    anything else would splice two trainings into one record, or return another config's results as this one's."""
-    started = rd.read_done() is not None or any(rd.checkpoints.glob("step_*"))
-    stored = rd.read_info().get("config") if started and rd.info_path.is_file() else None
-    if stored is None:
-        return
-    differ = resume_differences(stored, json.loads(cfg.model_dump_json()))
-    if differ:
-        raise ConfigError(
-            f"{rd.path}: this run was started with another config ({'; '.join(differ)}); a run resumes, or is skipped as "
-            "finished, only with the config it started with: remove the folder to train it anew, or give the run another name"
-        )
 
 
 def _train(cfg: RunConfig, rd: RunDir, env: DistEnv, device, amp_dtype, corpus, *, log, stop_at: int | None = None) -> PointRecord | dict[str, Any]:
