@@ -142,9 +142,11 @@ def _compare_row(path: Path, root: Path) -> dict:
         "mqar": (r.get("mqar") or {}).get("mean"),
     }
     rb = r.get("robustness")
-    if rb is not None:  # "arm tuned: targets: all (undecided)" -> "targets: all"; an arm's own other verdict -> "arm A"
-        row["robust"] = rb["robust"]
-        row["breaks"] = list(dict.fromkeys(b.split(": ", 1)[1].rsplit(" (", 1)[0] if ": " in b else b.rsplit(" (", 1)[0] for b in rb["breaks"]))
+    if rb is not None:  # the choices that give another verdict: an arm's own reading, a specification in any arm
+        v = row["verdict"]
+        other = [f"arm {a['arm']}" for a in r["arms"] if a["verdict"] != v]
+        other += [s["spec"] for a in r["arms"] for s in a.get("specs", []) if s["verdict"] not in ("n/a", v)]
+        row["robust"], row["breaks"] = rb["robust"], list(dict.fromkeys(other))
     for d, iv in (tuned.get("domains") or {}).items():
         row[d], row[f"{d}_ci"] = iv.get("gap"), iv.get("ci95")
     for key, arm in (("arm_a", "A"), ("arm_b", "B")):
