@@ -21,8 +21,8 @@ from typing import Any, TypedDict
 
 from ..report.stats import paired_test
 from ..scorecard.claims import Claim
-from ..scorecard.compute import Study, lacking_runs, level_band, pair_gaps
-from ..scorecard.robust import SPECS, read
+from ..scorecard.compute import Study, lacking_runs, pair_gaps
+from ..scorecard.robust import read, under_specifications
 from ..scorecard.verdicts import claim_tests
 from .study import Design
 
@@ -162,23 +162,28 @@ def arm_reading(design: Design, study: Study, arm: str, run: str, reference: str
 def spec_readings(design: Design, study: Study, arm: ArmReading) -> list[SpecReading]:
     """``arm`` read under each of the scorecard's specifications, each choice on its own: the same per-seed pairing,
     tests and plan of looks as the arm's own reading, in the band the specification places."""
+
+    def both(c: Claim, at: tuple[float, float] | None) -> tuple[dict, dict]:
+        k, w = (read(x, study, design.plan, design.domains, design.margin, at)["test"] for x in (c, c.model_copy(update={"expect": "worse"})))
+        return k, w
+
     out: list[SpecReading] = []
-    for label, measure, level in SPECS:
-        keeps = _claim(design, arm["run"], arm["reference"], "no_effect").model_copy(update={"measure": measure})
-        worse = keeps.model_copy(update={"expect": "worse"})
-        band = level_band(keeps, study, level)
-        if band is None:
-            out.append({"spec": label, "n": 0, "gap": None, "ci95": None, "verdict": "n/a", "detail": "no level to read"})
-            continue
-        at = None if level == "band" else band  # the study's own band: read as the arm's own reading reads it
-        try:
-            k, w = (read(c, study, design.plan, design.domains, design.margin, at)["test"] for c in (keeps, worse))
-        except (ValueError, KeyError) as e:  # a curve that does not reach the band
+    for p in under_specifications(_claim(design, arm["run"], arm["reference"], "no_effect"), study, both):
+        if p.result is None:
             out.append(
-                {"spec": label, "band": [round(band[0], 4), round(band[1], 4)], "n": 0, "gap": None, "ci95": None, "verdict": "n/a", "detail": str(e)}
+                {
+                    "spec": p.spec,
+                    **({"band": p.band} if p.band else {}),
+                    "n": 0,
+                    "gap": None,
+                    "ci95": None,
+                    "verdict": "n/a",
+                    "detail": p.detail or "",
+                }
             )
             continue
-        got: SpecReading = {"spec": label, "band": [round(band[0], 4), round(band[1], 4)], "n": k["n"], "gap": k["mean"], "ci95": k["ci95"]}
+        k, w = p.result
+        got: SpecReading = {"spec": p.spec, "band": p.band or [], "n": k["n"], "gap": k["mean"], "ci95": k["ci95"]}
         if k["n"] < 2:
             got["verdict"], got["detail"] = "n/a", "fewer than 2 seeds reach the band"
         else:

@@ -21,8 +21,9 @@ from __future__ import annotations
 import json
 
 from .claims import Claim, ClaimsFile
-from .compute import Study, claim_values, lacking_runs, level_band
+from .compute import Study, claim_values, lacking_runs
 from .principle import PrincipleFile
+from .robust import under_specifications
 from .sequential import Plan
 from .verdicts import claim_tests
 
@@ -38,19 +39,18 @@ def _find_study(architecture: str, studies: dict) -> str | None:
     return (named or have or [None])[0]
 
 
-def _reading(study: Study, run: str, domains: list[str], margin: float, measure: str = "primary", level: str = "band") -> dict:
-    """``run`` against Transformer++: per-seed gaps and both tests, in the study's band (``level`` "band") or the band
-    a specification places ("lowest", "half"), on ``measure``; raises ValueError where no band can be placed."""
-    c = Claim(id="prediction", section="predictions", paper="-", study=study.name, expect="no_effect", run=run, reference=REFERENCE)
-    c = c.model_copy(update={"measure": measure})
-    band = None if level == "band" else level_band(c, study, level)
-    if level != "band" and band is None:
-        raise ValueError(f"no {level} level to read {run} at")
+def _claim(study: Study, run: str) -> Claim:
+    return Claim(id="prediction", section="predictions", paper="-", study=study.name, expect="no_effect", run=run, reference=REFERENCE)
+
+
+def _reading(c: Claim, study: Study, domains: list[str], margin: float, band: tuple[float, float] | None = None) -> dict:
+    """The claim ``c`` (a run against Transformer++): per-seed gaps and both tests, in the study's band (``band``
+    None) or the one given, on the claim's measure."""
     got = claim_values(c, study, domains, band)
     keeps = claim_tests(c, got["values"], margin)
     worse = claim_tests(c.model_copy(update={"expect": "worse"}), got["values"], margin)
     return {
-        "run": run,
+        "run": c.run,
         "seeds": got["seeds"],
         "values": got["values"],
         "n": keeps["n"],
@@ -105,11 +105,11 @@ def predictions(spec: PrincipleFile, claims: ClaimsFile, studies: dict) -> list[
             continue
         st = studies[name]
         arm_run = ARM_A.format(architecture=p.architecture)
-        entry.update(results=name, tuned=_reading(st, p.architecture, claims.domains, margin), detail="")
+        entry.update(results=name, tuned=_reading(_claim(st, p.architecture), st, claims.domains, margin), detail="")
         if lacking_runs([arm_run], st):
             entry["detail"] = f"arm A ({arm_run}) still to come"
         else:
-            entry["arm_a"] = _reading(st, arm_run, claims.domains, margin)
+            entry["arm_a"] = _reading(_claim(st, arm_run), st, claims.domains, margin)
         readings = [entry["tuned"], entry["arm_a"]]
         if any(r is None or r["n"] < 2 for r in readings):
             entry.update(outcome="undecided", called="not yet decided")
@@ -126,18 +126,20 @@ def predictions(spec: PrincipleFile, claims: ClaimsFile, studies: dict) -> list[
 
 def _specifications(st: Study, architecture: str, arm_run: str, claims: ClaimsFile, plan: Plan) -> list[dict]:
     """The outcome under each specification on its own (the tuned comparison and arm A, as the outcome is read)."""
-    from .robust import SPECS
 
+    def reading(c: Claim, band: tuple[float, float] | None) -> dict:
+        return _reading(c, st, claims.domains, claims.margin, band)
+
+    tuned, arm_a = (under_specifications(_claim(st, run), st, reading) for run in (architecture, arm_run))
     specs = []
-    for label, measure, level in SPECS:
-        try:
-            rs = [_reading(st, run, claims.domains, claims.margin, measure, level) for run in (architecture, arm_run)]
-        except (ValueError, KeyError) as e:
-            specs.append({"spec": label, "outcome": "n/a", "detail": str(e)})
+    for a, b in zip(tuned, arm_a, strict=True):
+        if a.result is None or b.result is None:
+            specs.append({"spec": a.spec, "outcome": "n/a", "detail": a.detail or b.detail})
             continue
+        rs = [a.result, b.result]
         if any(r["n"] < 2 for r in rs):
-            specs.append({"spec": label, "outcome": "n/a", "detail": "fewer than 2 seeds"})
+            specs.append({"spec": a.spec, "outcome": "n/a", "detail": "fewer than 2 seeds"})
             continue
         outcome = _outcome(rs, plan, claims.alpha)[0]
-        specs.append({"spec": label, "outcome": outcome, "mean": rs[0]["mean"], "ci95": rs[0]["ci95"]})
+        specs.append({"spec": a.spec, "outcome": outcome, "mean": rs[0]["mean"], "ci95": rs[0]["ci95"]})
     return specs

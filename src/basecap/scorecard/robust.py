@@ -14,7 +14,9 @@ design, the old design's studies have only their own reading):
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, NamedTuple
 
 import numpy as np
 from scipy import stats
@@ -27,6 +29,38 @@ from .verdicts import FAILS, HOLDS, UNDECIDED, claim_margin, claim_tests
 from .rows import ClaimRow
 
 SPECS = (("targets: all", "annealed_all", "band"), ("level: lowest", "primary", "lowest"), ("level: half", "primary", "half"))
+
+
+class Placed(NamedTuple):
+    """One specification's reading of a claim (``under_specifications``): its label, the band it was read in (rounded,
+    None where no level could be placed), what ``reading`` returned, or why there is no reading (``detail``)."""
+
+    spec: str
+    band: list[float] | None
+    result: Any
+    detail: str | None
+
+
+def under_specifications(
+    claim: Claim, study: Study, reading: Callable[[Claim, tuple[float, float] | None], Any], own_band: tuple[float, float] | None = None
+) -> list[Placed]:
+    """``claim`` read under each of ``SPECS`` on its own: the claim with the specification's measure, in the band its
+    level places, through ``reading(claim, band)`` (the study's own band is ``own_band``: None, the study's, unless
+    the claim is read in a pair's rule band). The one loop every reader of the specifications goes through (the
+    scorecard's claims, ``basecap compare``'s arms, the principle's predictions)."""
+    out = []
+    for label, measure, level in SPECS:
+        c = claim.model_copy(update={"measure": measure})
+        band = level_band(c, study, level)
+        if band is None:
+            out.append(Placed(label, None, None, "no level to read"))
+            continue
+        rounded = [round(band[0], 4), round(band[1], 4)]
+        try:
+            out.append(Placed(label, rounded, reading(c, own_band if level == "band" else band), None))
+        except (ValueError, KeyError) as e:  # a curve that does not reach the band: no reading there
+            out.append(Placed(label, rounded, None, str(e)))
+    return out
 
 
 def plan_of(claims: ClaimsFile, study: str) -> Plan:
@@ -138,44 +172,25 @@ def specifications(row: ClaimRow, claim: Claim, study: Study, claims: ClaimsFile
     plan = plan_of(claims, claim.study) if claim.study else Plan()
     specs = [{"spec": "primary (the study's own)", "estimate": t["mean"], "ci95": t["ci95"], "n": t["n"], "verdict": verdict_at(t, a_h, a_f)}]
     if (study.summary.get("design") or {}).get("band"):
-        for label, measure, level in SPECS:
-            band = level_band(claim, study, level)
-            if band is None:
-                specs.append({"spec": label, "estimate": None, "ci95": None, "n": 0, "verdict": "n/a", "detail": "no level to read"})
-                continue
-            c = claim.model_copy(update={"measure": measure})
-            try:
-                read_at: tuple[float, float] | None = band
-                if level == "band":  # the claim's own band: the study's (None), or the pair's rule band (_own_band)
-                    own = row.get("band")
-                    read_at = None if own is None else (float(own[0]), float(own[1]))
-                got = read(c, study, plan, domains, claims.margin, read_at)
-            except (ValueError, KeyError) as e:  # a curve that does not reach the band: no reading there
-                specs.append({"spec": label, "estimate": None, "ci95": None, "n": 0, "verdict": "n/a", "detail": str(e)})
-                continue
-            st = got["test"]
-            if st["n"] < 2:
+        own = row.get("band")  # the claim's own band: the study's (None), or the pair's rule band
+        own_band = None if own is None else (float(own[0]), float(own[1]))
+        for p in under_specifications(claim, study, lambda c, at: read(c, study, plan, domains, claims.margin, at)["test"], own_band):
+            st = p.result
+            if st is None or st["n"] < 2:
                 specs.append(
                     {
-                        "spec": label,
-                        "band": [round(band[0], 4), round(band[1], 4)],
-                        "estimate": st["mean"],
+                        "spec": p.spec,
+                        **({"band": p.band} if p.band and st is not None else {}),
+                        "estimate": st["mean"] if st is not None else None,
                         "ci95": None,
-                        "n": st["n"],
+                        "n": st["n"] if st is not None else 0,
                         "verdict": "n/a",
-                        "detail": "fewer than 2 seeds reach the band",
+                        "detail": p.detail or "fewer than 2 seeds reach the band",
                     }
                 )
                 continue
             specs.append(
-                {
-                    "spec": label,
-                    "band": [round(band[0], 4), round(band[1], 4)],
-                    "estimate": st["mean"],
-                    "ci95": st["ci95"],
-                    "n": st["n"],
-                    "verdict": verdict_at(st, a_h, a_f),
-                }
+                {"spec": p.spec, "band": p.band, "estimate": st["mean"], "ci95": st["ci95"], "n": st["n"], "verdict": verdict_at(st, a_h, a_f)}
             )
     arms = [(f"rate arm {a['label'].split(':')[0]}", {"label": a["label"]}, a) for a in row.get("arms") or []]
     controls: list[tuple[str, dict, dict]] = [(f"control: {a['label']}", {}, a) for a in row.get("controls") or []]
