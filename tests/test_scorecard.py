@@ -320,11 +320,15 @@ VERDICT_WORD = re.compile(r"\*\*(holds|fails|undecided)\*\*")
 @pytest.mark.parametrize("readme", sorted(glob.glob(str(ROOT / "results/*/README.md"))), ids=lambda p: Path(p).parent.name)
 def test_study_readmes_state_verdicts_only_as_the_scorecard_does(readme, card):
     """A verdict word in a study README's hand-written text (bold holds / fails / undecided) agrees with scorecard.json:
-    with the claim it names in backticks, or else with a claim the study answers; "does not hold" is not a verdict the
+    with the claim it names in backticks, or else with a claim the study answers (or, in a `basecap compare` folder, with
+    its row's verdict); "does not hold" is not a verdict the
     scorecard gives (it says fails or undecided)."""
     study = Path(readme).parent.name
     verdicts = {r["id"]: r["verdict"] for r in card["claims"]}
     own = {r["verdict"] for r in card["claims"] if r["results"] == study}
+    row = Path(readme).parent / "compare.json"  # a `basecap compare` folder: its row's verdict over the arms
+    if row.is_file():
+        own.add(json.loads(row.read_text())["overall"]["verdict"])
     bad = []
     for para in _hand_written(Path(readme)):
         if para.startswith("|"):  # a table of the study's own report (its own Holm), not a verdict of the project
