@@ -321,6 +321,7 @@ def _row(setup: _Setup, st: Study, model, *, lr: float, tuning: dict | None, b_r
     in_domain = next((r.get("in_domain_loss") for r in st.summary.get("runs", []) if r.get("name") == label), None)
     commit, dirty = git_state()
     state = measure.state(model)
+    over = overall(arms, design.alpha)
     return {
         "architecture": label,
         "mixer": setup.table,
@@ -348,8 +349,8 @@ def _row(setup: _Setup, st: Study, model, *, lr: float, tuning: dict | None, b_r
         "margin": design.margin,
         "alpha": design.alpha,
         "arms": arms,
-        "overall": overall(arms, design.alpha),
-        "robustness": robustness(arms, overall(arms, design.alpha)["verdict"]),
+        "overall": over,
+        "robustness": robustness(arms, over["verdict"]),
         "in_domain_loss": in_domain,
         "params": run_info.get("params"),
         "corpus": setup.corpus.name,
